@@ -1,0 +1,38 @@
+"""terminal_rsi: Terminal-RSI (RSR + RPR, TB-GAE, FDR/SPR) for terminal agents in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax>=0.7,<0.11",
+    "flax>=0.12,<0.13",
+    "optax>=0.2.5,<0.3",
+    "orbax-checkpoint>=0.11,<0.13",
+    "chex>=0.1.90,<0.2",
+    "numpy>=1.26,<3",
+    "ml-collections>=1.0,<2",
+    "absl-py>=2.1,<3",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest>=8,<10",
+        "hypothesis>=6.100,<7",
+    ],
+    "dev": [
+        "ruff>=0.6",
+    ],
+}
+EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"]
+
+setup(
+    name="terminal_rsi",
+    version="0.1.0",
+    description=__doc__,
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["terminal_rsi", "terminal_rsi.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    include_package_data=True,
+)

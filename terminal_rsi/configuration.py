@@ -1,0 +1,139 @@
+"""Config schemas and validation for `experiments/run.py`.
+
+Every experiment declares a schema: a flat mapping from dotted config paths to a
+`Field` (type, allowed choices or range, and a one-line doc). `validate_config`
+checks a `ml_collections.ConfigDict` against it before any work is done and
+raises `ConfigError` with a message that names the bad field and what is
+allowed. The same schemas generate `docs/configs.md`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A config field is unknown, missing, ill-typed or out of range."""
+
+
+_TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool", tuple: "tuple", list: "list"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """Constraint on one config leaf.
+
+    Attributes:
+      type: expected Python type (`float` also accepts ints; `tuple` accepts lists).
+      doc: one-line meaning, shown in errors and in docs/configs.md.
+      choices: if set, the value must be one of these.
+      lo, hi: inclusive numeric bounds (None = unbounded).
+      optional: the value may be None.
+      item_type: for sequences, the type of every element.
+    """
+
+    type: type
+    doc: str = ""
+    choices: Sequence[Any] | None = None
+    lo: float | None = None
+    hi: float | None = None
+    optional: bool = False
+    item_type: type | None = None
+
+    def describe(self) -> str:
+        parts = [_TYPE_NAMES.get(self.type, self.type.__name__)]
+        if self.item_type is not None:
+            parts[0] += f"[{_TYPE_NAMES.get(self.item_type, self.item_type.__name__)}]"
+        if self.choices is not None:
+            parts.append("one of " + ", ".join(repr(c) for c in self.choices))
+        if self.lo is not None or self.hi is not None:
+            lo = "-inf" if self.lo is None else repr(self.lo)
+            hi = "inf" if self.hi is None else repr(self.hi)
+            parts.append(f"in [{lo}, {hi}]")
+        if self.optional:
+            parts.append("or None")
+        return ", ".join(parts)
+
+
+def _type_ok(value: Any, expected: type) -> bool:
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected in (tuple, list):
+        return isinstance(value, tuple | list)
+    return isinstance(value, expected)
+
+
+def check_value(path: str, value: Any, field: Field) -> None:
+    """Raise ConfigError if `value` violates `field` (named by `path`)."""
+    if value is None:
+        if field.optional:
+            return
+        raise ConfigError(f"config.{path} is None; expected {field.describe()}")
+    if not _type_ok(value, field.type):
+        raise ConfigError(
+            f"config.{path} = {value!r} has type {type(value).__name__}; "
+            f"expected {field.describe()}"
+        )
+    if field.item_type is not None:
+        for i, item in enumerate(value):
+            if not _type_ok(item, field.item_type):
+                raise ConfigError(
+                    f"config.{path}[{i}] = {item!r} has type {type(item).__name__}; "
+                    f"expected {field.describe()}"
+                )
+    if field.choices is not None and value not in field.choices:
+        raise ConfigError(f"config.{path} = {value!r} is not allowed; expected {field.describe()}")
+    if field.lo is not None and value < field.lo or field.hi is not None and value > field.hi:
+        raise ConfigError(f"config.{path} = {value!r} is out of range; expected {field.describe()}")
+
+
+def flatten(config: ml_collections.ConfigDict | Mapping[str, Any], prefix: str = "") -> dict:
+    """Flatten nested ConfigDicts/dicts into {dotted.path: leaf}."""
+    out = {}
+    items = config.items() if hasattr(config, "items") else ()
+    for key, value in items:
+        path = f"{prefix}{key}"
+        if isinstance(value, ml_collections.ConfigDict | dict):
+            out.update(flatten(value, prefix=path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def validate_config(config: ml_collections.ConfigDict, schema: Mapping[str, Field]) -> None:
+    """Validate every leaf of `config` against `schema`; raise ConfigError on the first problem.
+
+    Unknown leaves name the allowed fields under the same parent; missing fields
+    (in the schema but not in the config) are errors too.
+    """
+    leaves = flatten(config)
+    for path, value in sorted(leaves.items()):
+        if path not in schema:
+            parent = path.rpartition(".")[0]
+            siblings = sorted(
+                p for p in schema if p.rpartition(".")[0] == parent and p != path
+            ) or sorted(schema)
+            raise ConfigError(
+                f"config.{path} is not a known field; allowed here: "
+                + ", ".join(siblings)
+            )
+        check_value(path, value, schema[path])
+    missing = sorted(set(schema) - set(leaves))
+    if missing:
+        raise ConfigError(
+            f"config.{missing[0]} is missing ({schema[missing[0]].describe()}); "
+            "add it to the config file"
+        )
+
+
+# Fields every experiment config carries.
+BASE_SCHEMA: dict[str, Field] = {
+    "experiment": Field(str, "registered experiment to run (terminal_rsi/registry.py)"),
+    "seed": Field(int, "global PRNG seed", lo=0),
+}
