@@ -1,0 +1,167 @@
+"""Component-level CPU diagnostic of TB-GAE (paper/component_review.md, "Local reproduction").
+
+For each seed: a chain of `num_generated` generated-token values over
+`num_turns` turns with one terminal reward on the last generated token, then
+
+  * reference error: TB-GAE against the independent float64 double sum of Eq. 10;
+  * insertion error: `num_observations` observation positions (junk values,
+    zero reward) inserted at random places leave every generated output unchanged;
+  * continuation error: the row split before generated position `split_at`,
+    the tail run first and its full carry (v, A, turn, exists) fed to the head;
+  * negative control: the same split with the carried trace A zeroed
+    (value bootstrap kept), which must differ, by W_{j,b+1} A_{b+1} (Eq. 12).
+
+Writes `credit_diagnostic.json` to the workdir and prints a table of the
+maximum absolute errors per seed and method.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.configuration import BASE_SCHEMA, Field
+from terminal_rsi.credit.reference import tb_gae_double_sum
+from terminal_rsi.credit.tb_gae import tb_gae
+
+METHOD_NAMES = ("scan", "associative", "blocked")
+
+SCHEMA = {
+    **BASE_SCHEMA,
+    "seeds": Field(tuple, "seeds, one diagnostic chain each", item_type=int),
+    "num_generated": Field(int, "generated tokens per chain", lo=2),
+    "num_turns": Field(int, "turns the generated tokens are split into", lo=1),
+    "num_observations": Field(int, "observation positions inserted", lo=0),
+    "split_at": Field(int, "generated position where the chain is split into chunks", lo=1),
+    "gamma_turn": Field(float, "turn-boundary discount γ_turn", lo=0.0, hi=1.0),
+    "lambda_turn": Field(float, "turn-boundary trace decay λ_turn", lo=0.0, hi=1.0),
+    "terminal_reward": Field(float, "reward on the last generated token"),
+    "methods": Field(tuple, "TB-GAE methods to check", item_type=str),
+    "dtype": Field(str, "compute dtype", choices=("float64", "float32")),
+}
+
+
+def make_chain(seed: int, num_generated: int, num_turns: int, terminal_reward: float):
+    """One row of `num_generated` generated tokens in `num_turns` non-empty turns, terminated."""
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, num_generated), size=num_turns - 1, replace=False))
+    turn_ids = np.searchsorted(cuts, np.arange(num_generated), side="right")
+    values = rng.normal(size=num_generated)
+    rewards = np.zeros(num_generated)
+    rewards[-1] = terminal_reward
+    dones = np.zeros(num_generated, bool)
+    dones[-1] = True
+    return rng, rewards, values, turn_ids, dones
+
+
+def insert_observations(rng, rewards, values, turn_ids, dones, count):
+    """Insert `count` observation positions at random places (before, between, after tokens)."""
+    n = len(rewards)
+    slots = np.sort(rng.integers(0, n + 1, size=count))
+    src = np.insert(np.arange(n), slots, -1)
+    gen = src >= 0
+    take = np.maximum(src, 0)
+    r = np.where(gen, rewards[take], 0.0)
+    v = np.where(gen, values[take], rng.normal(size=len(src)))  # junk values at observations
+    # An observation belongs to the turn it follows (its own turn id would be as good).
+    t = np.maximum.accumulate(np.where(gen, turn_ids[take], -1))
+    t = np.where(t < 0, 0, t)
+    d = np.where(gen, dones[take], False)
+    return r, v, t, gen, d
+
+
+def check_seed(seed: int, config: ml_collections.ConfigDict, method: str, dtype) -> dict:
+    rng, r0, v0, t0, d0 = make_chain(
+        seed, config.num_generated, config.num_turns, config.terminal_reward
+    )
+    gamma, lam = config.gamma_turn, config.lambda_turn
+    f = jax.jit(functools.partial(tb_gae, gamma_turn=gamma, lambda_turn=lam, method=method))
+
+    def run(r, v, t, g, d, carry=None):
+        arrays = [jnp.asarray(x[None], dtype) for x in (r, v)]
+        arrays += [jnp.asarray(t[None], jnp.int32), jnp.asarray(g[None]), jnp.asarray(d[None])]
+        adv, ret, carry_out = f(*arrays, carry=carry)
+        return np.asarray(adv[0], np.float64), np.asarray(ret[0], np.float64), carry_out
+
+    ones = np.ones(len(r0), bool)
+    base_adv, _, _ = run(r0, v0, t0, ones, d0)
+
+    r, v, t, g, d = insert_observations(rng, r0, v0, t0, d0, config.num_observations)
+    adv, ret, _ = run(r, v, t, g, d)
+    ref_adv, ref_ret = tb_gae_double_sum(r[None], v[None], t[None], g[None], d[None], gamma, lam)
+    u = np.flatnonzero(g)
+    b = u[config.split_at]  # flat position of the first generated token of the tail chunk
+    # Chunks are padded back to the full length with non-generated positions (passed through
+    # by the recursion) so every seed and chunk reuses one compiled shape.
+    n = len(r)
+
+    def chunk(x, lo, hi):
+        return np.pad(x[lo:hi], (lo, n - hi))
+
+    tail_adv, _, tail_carry = run(*(chunk(x, b, n) for x in (r, v, t, g, d)))
+    head_adv, _, _ = run(*(chunk(x, 0, b) for x in (r, v, t, g, d)), carry=tail_carry)
+    cut = tail_carry._replace(advantage=jnp.zeros_like(tail_carry.advantage))
+    cut_adv, _, _ = run(*(chunk(x, 0, b) for x in (r, v, t, g, d)), carry=cut)
+    head_adv, tail_adv, cut_adv = head_adv[:b], tail_adv[b:], cut_adv[:b]
+    continued = np.concatenate([head_adv, tail_adv])
+    return {
+        "seed": seed,
+        "method": method,
+        "reference_error": float(
+            max(np.abs(adv - ref_adv[0]).max(), np.abs(ret - ref_ret[0]).max())
+        ),
+        "insertion_error": float(np.abs(adv[g] - base_adv).max()),
+        "continuation_error": float(np.abs(continued - adv).max()),
+        "negative_control_error": float(np.abs(cut_adv - adv[:b]).max()),
+        "split_flat_position": int(b),
+        "length_with_observations": len(r),
+    }
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    if config.num_turns > config.num_generated:
+        raise ValueError("config.num_turns must be <= config.num_generated")
+    if config.split_at >= config.num_generated:
+        raise ValueError("config.split_at must be < config.num_generated")
+    bad = [m for m in config.methods if m not in METHOD_NAMES]
+    if bad:
+        raise ValueError(f"config.methods has unknown {bad}; choose from {METHOD_NAMES}")
+    rows = []
+    with jax.enable_x64(config.dtype == "float64"):
+        dtype = np.float64 if config.dtype == "float64" else np.float32
+        for method in config.methods:
+            for seed in config.seeds:
+                rows.append(check_seed(seed, config, method, dtype))
+    summary = {}
+    for method in config.methods:
+        mine = [row for row in rows if row["method"] == method]
+        summary[method] = {
+            key: float(np.mean([row[key] for row in mine]))
+            for key in ("reference_error", "insertion_error", "continuation_error",
+                        "negative_control_error")
+        }
+    artifact = {"config": config.to_dict(), "rows": rows, "mean_over_seeds": summary}
+    path = os.path.join(workdir, "credit_diagnostic.json")
+    atomic_write_json(path, artifact)
+    print(format_table(rows))
+    print(f"wrote {path}")
+    return artifact
+
+
+def format_table(rows: list[dict]) -> str:
+    header = (f"{'method':<12} {'seed':>4} {'vs double sum':>14} {'insertion':>10} "
+              f"{'continuation':>13} {'zeroed trace (neg. control)':>28}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(
+            f"{row['method']:<12} {row['seed']:>4} {row['reference_error']:>14.3e} "
+            f"{row['insertion_error']:>10.3e} {row['continuation_error']:>13.3e} "
+            f"{row['negative_control_error']:>28.6f}"
+        )
+    return "\n".join(lines)
