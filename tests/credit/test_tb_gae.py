@@ -244,7 +244,7 @@ class TbGaeClosedFormTest(chex.TestCase):
         first = [u[t[0, u] == k][0] for k in range(3)]
         r[0, last] = rng.normal(size=3)
         d[0, last[-1]] = True
-        adv, ret, _ = _run(self.variant, method, gamma, lam, *_as(jnp.float64, r, v, t, g, d))
+        adv, ret, _ = _run(self.variant, method, gamma, lam, *_as(jnp.float32, r, v, t, g, d))
         # U_t from the top (Eq. 11), computed turn by turn backwards.
         A_next, U = 0.0, {}
         for k in reversed(range(3)):
