@@ -1,4 +1,4 @@
-"""VerificationReport and parse_ctrf: malformed reports, hygiene, terminal verdict, serialization."""
+"""parse_ctrf and VerificationReport: malformed reports, hygiene, verdict, serialization."""
 
 from __future__ import annotations
 
