@@ -16,6 +16,7 @@ every failure scores < 1 <= every success and 0 <= R_SPR < 2 hold exactly.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,11 +60,13 @@ def fdr_value(p: float, d: float, valid: bool, s: bool | int) -> float:
 
 
 def spr_progress(p: float, d: float) -> float:
-    """g(P) = P / (P + D'), computed as 1 / (1 + D'/P) (no overflow of P + D')."""
+    """g(P) = P / (P + D'), correctly rounded (exact rational arithmetic, then one rounding),
+    so it is exactly monotone in P and never overflows."""
     p, d = _check(p, d)
     if p == 0.0:
         return 0.0
-    return 1.0 / (1.0 + d / p)
+    fp = Fraction(p)
+    return float(fp / (fp + Fraction(d)))
 
 
 def spr_value(p: float, d: float, valid: bool, s: bool | int) -> float:
