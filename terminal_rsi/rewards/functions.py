@@ -16,8 +16,8 @@ every failure scores < 1 <= every success and 0 <= R_SPR < 2 hold exactly.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import chex

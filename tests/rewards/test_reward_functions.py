@@ -20,7 +20,6 @@ from terminal_rsi.rewards import (
     VerificationReport,
     binary,
     fdr,
-    fdr_array,
     fdr_value,
     get_reward_array_fn,
     get_reward_fn,
