@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-import chex
-import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.configuration import ConfigError
 
 if TYPE_CHECKING:
+    import chex
+
     from terminal_rsi.rewards.ctrf import VerificationReport
     from terminal_rsi.rewards.divisors import FamilyDivisors
 
@@ -110,6 +110,9 @@ def get_reward_fn(name: str) -> RewardFn:
 
 
 def _prep(p, d, valid, s):
+    import chex  # jax/chex are imported on first use: parsing reports stays light
+    import jax.numpy as jnp
+
     chex.assert_equal_shape([p, d, valid, s])
     chex.assert_type([p, d, s], float)
     chex.assert_type(valid, bool)
@@ -130,6 +133,8 @@ def fdr_array(p: chex.Array, d: chex.Array, valid: chex.Array, s: chex.Array) ->
     Returns:
       [B] float: max(P / D, 0) where valid (and P finite, >= 0), else S.
     """
+    import jax.numpy as jnp
+
     ok = _prep(p, d, valid, s)
     safe_p = jnp.where(ok, p, 0.0)
     return jnp.where(ok, jnp.maximum(safe_p / d, 0.0), s)
@@ -147,6 +152,8 @@ def spr_array(p: chex.Array, d: chex.Array, valid: chex.Array, s: chex.Array) ->
     Returns:
       [B] float: S + P / (P + D') where valid, else S.
     """
+    import jax.numpy as jnp
+
     ok = _prep(p, d, valid, s)
     safe_p = jnp.where(ok & (p > 0), p, 1.0)
     g = jnp.where(ok & (p > 0), 1.0 / (1.0 + d / safe_p), 0.0)
@@ -164,12 +171,12 @@ def binary_array(p: chex.Array, d: chex.Array, valid: chex.Array, s: chex.Array)
     return s
 
 
-ARRAY_REWARD_FNS: dict[str, Callable[..., chex.Array]] = {
+ARRAY_REWARD_FNS: dict[str, Callable[..., Any]] = {
     "binary": binary_array, "fdr": fdr_array, "spr": spr_array,
 }
 
 
-def get_reward_array_fn(name: str) -> Callable[..., chex.Array]:
+def get_reward_array_fn(name: str) -> Callable[..., Any]:
     """The vectorized reward function called `name` ("binary", "fdr", "spr")."""
     if name not in ARRAY_REWARD_FNS:
         raise ConfigError(f"unknown reward function {name!r}; choose one of "

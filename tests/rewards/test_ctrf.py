@@ -373,3 +373,16 @@ def test_report_json_roundtrip(report):
             == report.N >= 1
     else:
         assert report.P == report.N == 0 and report.reason
+
+
+def test_import_is_light():
+    """Parsing reports must not pull in jax or matplotlib (verifier-side tools use it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, terminal_rsi.rewards as r; "
+            "r.parse_ctrf({'results': {}}, terminal_success=None); "
+            "print(sorted(m for m in ('jax', 'chex', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    assert out.stdout.strip() == "[]"
