@@ -386,3 +386,26 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
     assert out.stdout.strip() == "[]"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**20) | st.floats(allow_nan=True)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(["results", "tests", "summary", "tool", "name", "status",
+                                       "duration", "tags", "retries", "reportFormat",
+                                       "specVersion", "passed", "x"]), children, max_size=5),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_json, st.sampled_from([True, False, None]))
+def test_parser_never_raises_on_arbitrary_json(obj, s):
+    """Non-strict parsing of any JSON value returns a report; strict raises only ReportError."""
+    r = parse_ctrf(obj, terminal_success=s)
+    assert r.valid == (not r.problems) and r.strict_success == bool(s)
+    try:
+        parse_ctrf(obj, terminal_success=s, strict=True)
+    except ReportError:
+        assert not r.valid
