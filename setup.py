@@ -17,6 +17,8 @@ EXTRAS = {
     "test": [
         "pytest>=8,<10",
         "hypothesis>=6.100,<7",
+        "pytest-json-ctrf>=0.6,<0.7",
+        "matplotlib>=3.7,<4",
     ],
     "dev": [
         "ruff>=0.6",
