@@ -38,5 +38,5 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
-    """Serialize `obj` as JSON (sorted keys, trailing newline) and write it atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+    """Serialize `obj` as strict JSON (sorted keys, no NaN/inf, trailing newline), atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n")

@@ -16,12 +16,13 @@ import datetime
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+
+from terminal_rsi.atomic import atomic_write_json
 
 DEFAULT_FALLBACK = 82.0
 _FORMAT_TAG = "terminal_rsi.FamilyDivisors/1"
@@ -194,7 +195,7 @@ class FamilyDivisors:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the table as JSON atomically (temp file + os.replace)."""
-        write_json_atomic(path, self.to_dict())
+        atomic_write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FamilyDivisors:
@@ -206,23 +207,6 @@ class FamilyDivisors:
         except (OSError, ValueError) as e:
             raise DivisorError(f"cannot read divisor table {path}: {e}") from e
         return cls.from_dict(d)
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """json.dump `obj` to `path` via a temp file in the same directory and os.replace."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- calibration

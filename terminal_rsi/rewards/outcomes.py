@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from terminal_rsi.atomic import atomic_write_text
 from terminal_rsi.rewards.ctrf import (
     DEFAULT_HYGIENE,
     HygieneRule,
@@ -169,12 +170,9 @@ def episode_to_dict(e: EpisodeOutcome) -> dict:
 
 def write_episodes(path: str | os.PathLike, episodes: Iterable[EpisodeOutcome]) -> None:
     """Write episodes as JSON Lines, atomically."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for e in episodes:
-            f.write(json.dumps(episode_to_dict(e), sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(
+        path, "".join(json.dumps(episode_to_dict(e), sort_keys=True) + "\n" for e in episodes)
+    )
 
 
 # --------------------------------------------------------------------------- synthetic data

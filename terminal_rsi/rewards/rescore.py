@@ -13,6 +13,7 @@ failed), and a per-family table. Writes `rescore.json`, `rescore.png` and
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from terminal_rsi.atomic import atomic_write_bytes, atomic_write_json
 from terminal_rsi.configuration import BASE_SCHEMA, Field
 from terminal_rsi.rewards import functions
 from terminal_rsi.rewards.ctrf import DEFAULT_HYGIENE, HygieneRule
@@ -29,7 +31,6 @@ from terminal_rsi.rewards.divisors import (
     calibrate_family_divisors,
     recalibrate,
     rule_counts,
-    write_json_atomic,
 )
 from terminal_rsi.rewards.outcomes import EpisodeOutcome, load_episodes
 
@@ -219,10 +220,10 @@ def plot(result: dict[str, Any], path: str) -> None:
         ax.legend(fontsize=8)
     axes[0].set_ylabel("mean reward per family")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -258,7 +259,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     result["statement"] = statement(result)
     os.makedirs(workdir, exist_ok=True)
     new.save(os.path.join(workdir, "recalibrated_divisors.json"))
-    write_json_atomic(os.path.join(workdir, "rescore.json"), result)
+    atomic_write_json(os.path.join(workdir, "rescore.json"), result)
     if cfg.figure:
         plot(result, os.path.join(workdir, "rescore.png"))
     print(result["statement"])
