@@ -1,6 +1,6 @@
 """Credit assignment: TB-GAE (paper §2.3) and per-token GAE with observation skipping."""
 
-from terminal_rsi.credit.tb_gae import (
+from terminal_rsi.credit.turn_boundary_gae import (
     Carry,
     bootstrap_carry,
     empty_carry,

@@ -28,7 +28,7 @@ import numpy as np
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.configuration import BASE_SCHEMA, Field
 from terminal_rsi.credit.reference import tb_gae_double_sum
-from terminal_rsi.credit.tb_gae import tb_gae
+from terminal_rsi.credit.turn_boundary_gae import tb_gae
 
 METHOD_NAMES = ("scan", "associative", "blocked")
 
