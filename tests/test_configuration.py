@@ -1,0 +1,111 @@
+"""Config validation and the experiments/run.py entry point."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from terminal_rsi import registry
+from terminal_rsi.configuration import BASE_SCHEMA, ConfigError, Field, validate_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCHEMA = {
+    **BASE_SCHEMA,
+    "model.name": Field(str, "preset", choices=("tiny", "big")),
+    "model.layers": Field(int, "depth", lo=1, hi=64),
+    "lr": Field(float, "learning rate", lo=0.0),
+    "seeds": Field(tuple, "seeds", item_type=int),
+    "note": Field(str, "free text", optional=True),
+}
+
+
+def _base():
+    return {"experiment": "x", "seed": 0, "model": {"name": "tiny", "layers": 2}, "lr": 1e-3,
+            "seeds": (1, 2), "note": None}
+
+
+def test_valid_config_passes():
+    validate_config(ml_collections.ConfigDict(_base()), SCHEMA)
+    validate_config(ml_collections.ConfigDict({**_base(), "lr": 1}), SCHEMA)  # int is a float
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c["model"].update(name="huge"),
+         r"config.model.name = 'huge' is not allowed; expected str, one of 'tiny', 'big'"),
+        (lambda c: c["model"].update(layers=0), r"config.model.layers = 0 is out of range"),
+        (lambda c: c["model"].update(layers=2.5), r"config.model.layers = 2.5 has type float"),
+        (lambda c: c.update(seeds=(1, "a")), r"config.seeds\[1\] = 'a'"),
+        (lambda c: c["model"].update(dropout=0.1),
+         r"config.model.dropout is not a known field; allowed here: model.layers, model.name"),
+        (lambda c: c.pop("lr"), r"config.lr is missing"),
+        (lambda c: c.update(lr=None), r"config.lr is None"),
+        (lambda c: c.update(lr=True), r"config.lr = True has type bool"),
+        (lambda c: c.update(seed=-1), r"config.seed = -1 is out of range"),
+    ],
+)
+def test_bad_fields_are_named(mutate, message):
+    d = _base()
+    mutate(d)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(ml_collections.ConfigDict(d), SCHEMA)
+
+
+def test_unknown_experiment():
+    with pytest.raises(ConfigError, match="not a registered experiment; choose one of"):
+        registry.get_experiment("nope")
+
+
+CONFIG_FILES = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
+
+
+@pytest.mark.parametrize("filename", CONFIG_FILES)
+def test_every_config_file_validates(filename):
+    path = os.path.join(ROOT, "configs", filename)
+    spec = importlib.util.spec_from_file_location(f"configs_{filename[:-3]}", path)
+    config_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_module)
+    config = config_module.get_config()
+    validate_config(config, registry.get_experiment(config.experiment).SCHEMA)
+
+
+def _run(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config=configs/does_not_exist.py"], "could not load the config file"),
+        (["--config=configs/credit_diagnostic.py", "--config.no_such=1"],
+         "a config override names a field the config file does not define"),
+        (["--config=configs/credit_diagnostic.py", "--config.num_turns=abc"],
+         "flag --config.num_turns=abc"),
+        (["--config=configs/credit_diagnostic.py", "--config.gamma_turn=2.0"],
+         "config.gamma_turn = 2.0 is out of range; expected float, in [0.0, 1.0]"),
+        (["--config=configs/credit_diagnostic.py", "--config.dtype=float16"],
+         "config.dtype = 'float16' is not allowed"),
+        ([], "--config is required"),
+    ],
+)
+def test_run_py_bad_input_is_one_line(args, message):
+    proc = _run(*args)
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_run_py_runs_the_diagnostic(tmp_path):
+    proc = _run("--config=configs/credit_diagnostic.py", f"--workdir={tmp_path}",
+                "--config.methods=('scan',)", "--config.seeds=(42,)", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "zeroed trace" in proc.stdout
+    assert (tmp_path / "credit_diagnostic.json").exists()
