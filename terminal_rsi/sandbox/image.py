@@ -45,7 +45,7 @@ DEFAULT_IMAGE = "terminal-rsi-sandbox:bookworm"
 BASE_TAG = "terminal-rsi-sandbox-base:bookworm"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-INCLUDE = ("python3", "python3-pytest")
+INCLUDE = ("python3", "python3-pytest", "procps")
 CTRF_REQ = "pytest-json-ctrf==0.6.1"
 SANDBOX_UID = 1000
 
