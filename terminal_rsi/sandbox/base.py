@@ -24,7 +24,6 @@ import abc
 import base64
 import dataclasses
 import io
-import os
 import posixpath
 import tarfile
 import time
@@ -88,7 +87,8 @@ class SandboxSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise BadRequest(f"unknown SandboxSpec fields {sorted(unknown)}; known: {sorted(known)}")
+            raise BadRequest(
+                f"unknown SandboxSpec fields {sorted(unknown)}; known: {sorted(known)}")
         d = dict(d)
         try:
             if "files" in d:

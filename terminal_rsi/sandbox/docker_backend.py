@@ -55,6 +55,7 @@ USER = "1000:1000"
 _WRAPPER = ('exec 3>&2 2>/dev/null; timeout -s KILL "$0" "$@" 2>&3 3>&-; rc=$?; '
             'kill -9 -1; kill -9 -1; exit $rc')
 _GRACE_S = 15.0
+_close_lock = threading.Lock()
 
 
 def docker_client(timeout: int = 120):
@@ -356,17 +357,18 @@ class DockerSandbox(Sandbox):
             return b"".join(out.parts)
 
     def close(self) -> None:
-        with self._lock:
+        # No exec lock: removing the container ends an exec in flight.
+        with _close_lock:
             if self._closed:
                 return
             self._closed = True
-            try:
-                self.container.remove(force=True, v=True)
-            except Exception as e:  # noqa: BLE001
-                import docker
+        try:
+            self.container.remove(force=True, v=True)
+        except Exception as e:  # noqa: BLE001
+            import docker
 
-                if not isinstance(e, docker.errors.NotFound):
-                    log.warning("removing container %s failed: %s", self.container_id[:12], e)
+            if not isinstance(e, docker.errors.NotFound):
+                log.warning("removing container %s failed: %s", self.container_id[:12], e)
 
 
 class WarmPool:

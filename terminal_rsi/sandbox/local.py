@@ -93,6 +93,24 @@ def _bwrap_root_args() -> list[str]:
     return args
 
 
+def _check_traversable(path: str) -> None:
+    """The sandbox uid must reach its workspace: every ancestor needs o+x."""
+    p = os.path.abspath(path)
+    while True:
+        if os.path.exists(p) and not os.stat(p).st_mode & 0o001:
+            raise BadRequest(f"base_dir {path!r}: {p} is not traversable by other users "
+                             "(needs o+x) so sandbox uids cannot reach their workspace; "
+                             "choose a directory under /tmp or chmod o+x it")
+        if p == "/":
+            return
+        p = os.path.dirname(p)
+
+
+def _pdeathsig() -> list[str]:
+    """Prefix that makes the exec's top process die with its parent (a killed server)."""
+    return ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+
+
 def bwrap_available(as_root_drop: bool | None = None) -> bool:
     """True if bubblewrap is installed and can create namespaces here (cached)."""
     drop = _is_root() if as_root_drop is None else as_root_drop
@@ -142,6 +160,8 @@ class LocalSandbox(Sandbox):
         self._lock = threading.RLock()
         self._closed = False
         self._mounted = False
+        if _is_root() and base_dir is not None:
+            _check_traversable(base_dir)
         self.uid = _alloc_uid() if _is_root() else None
         self.root = tempfile.mkdtemp(prefix=f"trsi-sb-{self.id}-", dir=base_dir)
         try:
@@ -181,7 +201,8 @@ class LocalSandbox(Sandbox):
         ul = self._ulimits(timeout)
         if self.mode == "plain":
             # The wrapper stays the parent (no exec) so `kill $PPID` hits only the wrapper.
-            return ["/bin/bash", "-c", f'{ul}; "$@"; exit $?', "trsi", "/bin/bash", "-c", command]
+            return [*_pdeathsig(), "/bin/bash", "-c", f'{ul}; "$@"; exit $?', "trsi",
+                    "/bin/bash", "-c", command]
         bw = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
         if self.spec.network:
             bw.append("--share-net")
@@ -190,7 +211,7 @@ class LocalSandbox(Sandbox):
                "--bind", self.tmp, "/tmp",
                "--chdir", os.path.normpath(os.path.join(SANDBOX_WORKDIR, rel_cwd)),
                "/bin/bash", "-c", command]
-        return ["/bin/bash", "-c", f'{ul}; exec "$@"', "trsi", *bw]
+        return [*_pdeathsig(), "/bin/bash", "-c", f'{ul}; exec "$@"', "trsi", *bw]
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         out = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
@@ -275,6 +296,9 @@ class LocalSandbox(Sandbox):
                     if self.mode == "plain":
                         # Escaped children may hold the pipes open: they die with the command.
                         self._kill_all(None)
+                if exited_at is None and self._closed:
+                    self._kill_all(proc)  # closed from another thread
+                    exited_at = time.monotonic()
                 if not timed_out and exited_at is None and now >= deadline:
                     timed_out = True
                     self._kill_all(proc)
@@ -361,10 +385,13 @@ class LocalSandbox(Sandbox):
             raise SandboxLost(f"sandbox {self.id} is closed")
 
     def close(self) -> None:
-        with self._lock:
+        with _uid_lock:
             if self._closed:
                 return
             self._closed = True
+        # Kill first, without the exec lock: this ends an exec in flight (its pump notices).
+        self._kill_all(None)
+        with self._lock:
             try:
                 self._kill_all(None)
             finally:

@@ -161,7 +161,7 @@ class SandboxPool:
         spec = spec or SandboxSpec()
         if self._closed:
             raise InfrastructureError("the pool is closed")
-        if not self._slots.acquire(timeout=timeout if timeout is not None else -1):
+        if not self._slots.acquire(timeout=timeout):
             raise SandboxBusy(f"no free slot among {self.max_concurrent} within {timeout}s")
         last: Exception | None = None
         try:

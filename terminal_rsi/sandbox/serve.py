@@ -95,11 +95,26 @@ class SandboxManager:
             from terminal_rsi.sandbox.docker_backend import DockerBackend
 
             self._docker = DockerBackend(warm=warm)
+        if base_dir is not None and backend.startswith("local"):
+            self._clean_stale(base_dir)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._pending = 0
         self.metrics: Counter = Counter()
         self._closed = False
+
+    @staticmethod
+    def _clean_stale(base_dir: str) -> None:
+        """Remove workspaces a killed predecessor left in ``base_dir`` (its own dir)."""
+        import glob
+        import shutil
+        import subprocess
+
+        os.makedirs(base_dir, exist_ok=True)
+        for d in glob.glob(os.path.join(base_dir, "trsi-sb-*")):
+            subprocess.run(["umount", "-l", d], capture_output=True)
+            shutil.rmtree(d, ignore_errors=True)
+            log.warning("removed stale workspace %s", d)
 
     def create(self, owner: str, spec: SandboxSpec) -> str:
         with self._lock:

@@ -53,8 +53,9 @@ def need_docker_image() -> None:
 class BridgeServer:
     """A real `python -m terminal_rsi.sandbox.serve` process on a loopback port."""
 
-    def __init__(self, tmp_dir: str, backend: str = "local-bwrap", **opts):
-        self.token = secrets.token_hex(16)
+    def __init__(self, tmp_dir: str, backend: str = "local-bwrap", token: str | None = None,
+                 **opts):
+        self.token = token or secrets.token_hex(16)
         self.token_file = os.path.join(tmp_dir, "tokens")
         with open(self.token_file, "w") as f:
             f.write(f"tests:{self.token}\n")
