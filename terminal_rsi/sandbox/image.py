@@ -35,22 +35,39 @@ import sys
 import tarfile
 import tempfile
 import time
-import zipfile
 
 from terminal_rsi.sandbox.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "terminal-rsi-sandbox:bookworm"
-BASE_TAG = "terminal-rsi-sandbox-base:bookworm"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-INCLUDE = ("python3", "python3-pytest", "procps")
-CTRF_REQ = "pytest-json-ctrf==0.6.1"
+INCLUDE = ("python3", "procps")
+# Pure-Python wheels, fetched on the host with pip (PyPI) and unpacked into the image.
+# Debian bookworm's own python3-pytest (7.2) is too old for pytest-json-ctrf 0.6.1.
+PY_REQS = ("pytest==8.4.2", "pytest-json-ctrf==0.6.1")
 SANDBOX_UID = 1000
+
+
+def _rootfs_key() -> str:
+    return hashlib.sha256("\0".join((SUITE, MIRROR, *INCLUDE)).encode()).hexdigest()[:12]
+
+
+BASE_TAG = f"terminal-rsi-sandbox-base:{SUITE}-{_rootfs_key()}"
 
 DOCKERFILE = f"""\
 FROM {BASE_TAG}
+COPY wheels /tmp/wheels
+RUN set -e; site=/usr/local/lib/python3.11/dist-packages; mkdir -p $site; \\
+    for w in /tmp/wheels/*.whl; do python3 -m zipfile -e "$w" $site; done; \\
+    rm -rf /tmp/wheels; \\
+    printf '%s\\n' '#!/usr/bin/python3' 'import sys' 'from pytest import console_main' \\
+      'sys.exit(console_main())' > /usr/local/bin/pytest; chmod 755 /usr/local/bin/pytest; \\
+    echo 'sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/workspace:/bin/bash' >> /etc/passwd; \\
+    echo 'sandbox:x:{SANDBOX_UID}:' >> /etc/group; \\
+    mkdir -p /workspace; chown {SANDBOX_UID}:{SANDBOX_UID} /workspace; \\
+    python3 -m pytest --version
 USER {SANDBOX_UID}:{SANDBOX_UID}
 WORKDIR /workspace
 ENV HOME=/workspace LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PATH=/usr/local/bin:/usr/bin:/bin
@@ -60,7 +77,7 @@ CMD ["sleep", "infinity"]
 
 def recipe_hash() -> str:
     h = hashlib.sha256()
-    for part in (SUITE, MIRROR, *INCLUDE, CTRF_REQ, str(SANDBOX_UID), DOCKERFILE):
+    for part in (_rootfs_key(), *PY_REQS, str(SANDBOX_UID), DOCKERFILE):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -84,14 +101,18 @@ def _docker():
     return client
 
 
-def image_is_current(client, tag: str = DEFAULT_IMAGE) -> bool:
+def _has_image(client, tag: str):
     import docker
 
     try:
-        img = client.images.get(tag)
+        return client.images.get(tag)
     except docker.errors.ImageNotFound:
-        return False
-    return (img.labels or {}).get("terminal_rsi.recipe") == recipe_hash()
+        return None
+
+
+def image_is_current(client, tag: str = DEFAULT_IMAGE) -> bool:
+    img = _has_image(client, tag)
+    return img is not None and (img.labels or {}).get("terminal_rsi.recipe") == recipe_hash()
 
 
 def _run(cmd: list[str], **kw) -> None:
@@ -104,9 +125,9 @@ def _run(cmd: list[str], **kw) -> None:
 
 
 def _rootfs_tarball(cache_dir: str) -> str:
-    """debootstrap a minbase rootfs (cached as a tarball keyed by the recipe)."""
+    """debootstrap a minbase rootfs (cached as a tarball keyed by suite/mirror/packages)."""
     os.makedirs(cache_dir, exist_ok=True)
-    out = os.path.join(cache_dir, f"rootfs-{recipe_hash()}.tar")
+    out = os.path.join(cache_dir, f"rootfs-{SUITE}-{_rootfs_key()}.tar")
     if os.path.exists(out):
         return out
     if shutil.which("debootstrap") is None:
@@ -114,27 +135,12 @@ def _rootfs_tarball(cache_dir: str) -> str:
             "debootstrap is not installed; `apt-get install -y debootstrap` (Debian) "
             "or run .ci/setup_sandbox.sh"
         )
-    wheel_dir = tempfile.mkdtemp(prefix="trsi-wheel-")
     root = tempfile.mkdtemp(prefix="trsi-rootfs-")
     try:
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", wheel_dir,
-              CTRF_REQ])
         t0 = time.time()
         _run(["debootstrap", "--variant=minbase", "--include=" + ",".join(INCLUDE),
               SUITE, root, MIRROR])
         log.info("debootstrap took %.0fs", time.time() - t0)
-        # pytest-json-ctrf is pure Python: unpack the wheel into dist-packages.
-        site = os.path.join(root, "usr/lib/python3/dist-packages")
-        for name in os.listdir(wheel_dir):
-            with zipfile.ZipFile(os.path.join(wheel_dir, name)) as zf:
-                zf.extractall(site)
-        with open(os.path.join(root, "etc/passwd"), "a") as f:
-            f.write(f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/workspace:/bin/bash\n")
-        with open(os.path.join(root, "etc/group"), "a") as f:
-            f.write(f"sandbox:x:{SANDBOX_UID}:\n")
-        ws = os.path.join(root, "workspace")
-        os.makedirs(ws, exist_ok=True)
-        os.chown(ws, SANDBOX_UID, SANDBOX_UID)
         # Slim: apt lists, docs and caches are not needed in a sandbox.
         for rel in ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
                     "usr/share/locale", "usr/share/info"):
@@ -144,8 +150,19 @@ def _rootfs_tarball(cache_dir: str) -> str:
         os.replace(tmp, out)  # atomic: a crash leaves no half tarball
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(wheel_dir, ignore_errors=True)
     return out
+
+
+def _wheels(cache_dir: str) -> str:
+    d = os.path.join(cache_dir, "wheels-" + hashlib.sha256("\0".join(PY_REQS).encode())
+                     .hexdigest()[:12])
+    if not os.path.isdir(d):
+        tmp = tempfile.mkdtemp(prefix="trsi-wheels-", dir=cache_dir)
+        _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+              "--python-version", "3.11", "--platform", "any", "--implementation", "py",
+              "-d", tmp, *PY_REQS])
+        os.replace(tmp, d)
+    return d
 
 
 def build_default_image(tag: str = DEFAULT_IMAGE, *, force: bool = False,
@@ -155,19 +172,34 @@ def build_default_image(tag: str = DEFAULT_IMAGE, *, force: bool = False,
     if not force and image_is_current(client, tag):
         log.info("image %s is current (recipe %s)", tag, recipe_hash())
         return tag
-    tarball = _rootfs_tarball(cache_dir or default_cache_dir())
-    with open(tarball, "rb") as f:
-        client.api.import_image_from_data(f, repository=BASE_TAG.split(":")[0],
-                                          tag=BASE_TAG.split(":")[1])
+    cache_dir = cache_dir or default_cache_dir()
+    if force or _has_image(client, BASE_TAG) is None:
+        tarball = _rootfs_tarball(cache_dir)
+        with open(tarball, "rb") as f:
+            repo, _, btag = BASE_TAG.partition(":")
+            client.api.import_image_from_data(f, repository=repo, tag=btag)
+    wheel_dir = _wheels(cache_dir)
     ctx = io.BytesIO()
     with tarfile.open(fileobj=ctx, mode="w") as tf:
         data = DOCKERFILE.encode()
         info = tarfile.TarInfo("Dockerfile")
         info.size = len(data)
         tf.addfile(info, io.BytesIO(data))
+        tf.add(wheel_dir, arcname="wheels")
     ctx.seek(0)
-    client.images.build(fileobj=ctx, custom_context=True, tag=tag, network_mode="none",
-                        rm=True, forcerm=True, labels={"terminal_rsi.recipe": recipe_hash()})
+    old = _has_image(client, tag)
+    try:
+        client.images.build(fileobj=ctx, custom_context=True, tag=tag, network_mode="none",
+                            rm=True, forcerm=True, pull=False,
+                            labels={"terminal_rsi.recipe": recipe_hash()})
+    except Exception as e:  # noqa: BLE001
+        logs = "".join(x.get("stream", "") for x in getattr(e, "build_log", []))[-4000:]
+        raise InfrastructureError(f"building {tag} failed: {e}\n{logs}") from e
+    if old is not None and old.id != client.images.get(tag).id:
+        try:  # drop the superseded image (ignored if a container still uses it)
+            client.images.remove(old.id)
+        except Exception:  # noqa: BLE001
+            pass
     return tag
 
 

@@ -123,7 +123,8 @@ def test_state_persists_between_execs(make_sandbox):
     sb = make_sandbox()
     sb.exec("mkdir -p out && echo 42 > out/x && chmod +x out", timeout=10)
     assert sb.exec("cat out/x", timeout=10).stdout == "42\n"
-    assert sb.exec("echo tmp > /tmp/t && cat /tmp/t", timeout=10).stdout == "tmp\n"
+    r = sb.exec('t="${TMPDIR:-/tmp}/t"; echo tmp > "$t" && cat "$t"', timeout=10)
+    assert r.stdout == "tmp\n"
 
 
 def test_timeout_flag(make_sandbox):
