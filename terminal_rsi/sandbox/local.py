@@ -160,8 +160,8 @@ class LocalSandbox(Sandbox):
         self._lock = threading.RLock()
         self._closed = False
         self._mounted = False
-        if _is_root() and base_dir is not None:
-            _check_traversable(base_dir)
+        if _is_root():
+            _check_traversable(base_dir or tempfile.gettempdir())
         self.uid = _alloc_uid() if _is_root() else None
         self.root = tempfile.mkdtemp(prefix=f"trsi-sb-{self.id}-", dir=base_dir)
         try:

@@ -113,3 +113,25 @@ def test_task_image_builds_on_default(client, tmp_path):
             assert r.stdout == "task data\nsandbox\n"
     finally:
         client.images.remove(tag, force=True)
+
+
+def test_bridge_in_front_of_docker(client, tmp_path):
+    import signal
+
+    from terminal_rsi.sandbox import open_sandbox
+    from terminal_rsi.sandbox.docker_backend import LABEL
+
+    from .conftest import BridgeServer
+
+    srv = BridgeServer(str(tmp_path), backend="docker")
+    try:
+        sbs = [open_sandbox(SandboxSpec(files={"f": b"via bridge"}), backend=srv.url,
+                            token=srv.token) for _ in range(2)]
+        for sb in sbs:
+            assert sb.exec("cat f; id -u", timeout=10).stdout == "via bridge1000\n"
+        ids = {c.labels[LABEL] for c in client.containers.list(filters={"label": LABEL})}
+        assert {sb.id for sb in sbs} <= ids
+    finally:
+        srv.stop(signal.SIGTERM)
+    left = client.containers.list(all=True, filters={"label": LABEL})
+    assert not [c for c in left if c.labels[LABEL] in {sb.id for sb in sbs}]
