@@ -287,8 +287,12 @@ class DockerSandbox(Sandbox):
             finally:
                 stream.close()
             dt = time.monotonic() - t0
-            if code == 126 and "workdir" in err.text().lower():
-                raise BadRequest(f"cwd {cwd!r} is not a directory inside the workspace")
+            if code in (126, 127) and out.total < 4096 and "OCI runtime exec failed" in (
+                    out.text() + err.text()):
+                msg = (out.text() + err.text()).strip()
+                if "chdir to cwd" in msg:
+                    raise BadRequest(f"cwd {cwd!r} is not a directory inside the workspace")
+                raise InfrastructureError(f"docker could not start the command: {msg}")
             timed_out = code in (124, 137, -1) and dt >= timeout * 0.98
             if timed_out:
                 code = -9

@@ -343,7 +343,14 @@ class LocalSandbox(Sandbox):
 
             try:
                 with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-                    tf.extractall(target, filter="data")
+                    if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+                        tf.extractall(target, filter="data")
+                    else:  # members were validated by check_tar; drop special mode bits
+                        ms = tf.getmembers()
+                        for m in ms:
+                            m.mode &= 0o777
+                            m.uid = m.gid = os.getuid()
+                        tf.extractall(target, members=ms, numeric_owner=True)
             except (tarfile.TarError, OSError) as e:
                 raise BadRequest(f"cannot extract upload into {dest!r}: {e}") from e
             if self.uid is not None:

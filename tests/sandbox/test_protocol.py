@@ -116,6 +116,8 @@ def test_exec_env_cwd_exit_code(make_sandbox):
     with pytest.raises(BadRequest):
         sb.exec("true", timeout=10, cwd="../..")
     with pytest.raises(BadRequest):
+        sb.exec("true", timeout=10, cwd="no-such-dir")
+    with pytest.raises(BadRequest):
         sb.exec("true", timeout=-1)
 
 
