@@ -146,7 +146,7 @@ class SandboxManager:
     def acquire(self, owner: str, sid: str) -> _Entry:
         with self._lock:
             e = self._entries.get(sid)
-            if e is None or not hmac.compare_digest(e.owner, owner):
+            if e is None or not hmac.compare_digest(e.owner.encode(), owner.encode()):
                 raise SandboxLost(f"sandbox {sid} does not exist (closed, reaped, or not yours)")
             e.busy += 1
             e.last_used = time.monotonic()
@@ -160,7 +160,7 @@ class SandboxManager:
     def delete(self, owner: str, sid: str) -> None:
         with self._lock:
             e = self._entries.get(sid)
-            if e is None or not hmac.compare_digest(e.owner, owner):
+            if e is None or not hmac.compare_digest(e.owner.encode(), owner.encode()):
                 return  # idempotent
             del self._entries[sid]
         e.sandbox.close()
@@ -228,7 +228,10 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
                 name = n
         if name is None:
             return None
-        return f"{name}/{request.headers.get('x-trsi-client', '')}"
+        client = request.headers.get("x-trsi-client", "")
+        if len(client) > 128 or not client.isprintable():
+            return None
+        return f"{name}/{client}"
 
     async def body(request: Request, limit: int) -> bytes:
         cl = request.headers.get("content-length")
