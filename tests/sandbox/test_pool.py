@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import secrets
+import shutil
 import signal
 import threading
 import time
@@ -69,18 +70,16 @@ def test_work_continues_when_a_server_dies(tmp_path, sig):
         pool.close()
         b.stop()
         a.stop()
-    for sid in ids:  # no process left, whichever server ran it
-        assert not pids_with_env(f"TRSI_SANDBOX={sid}".encode()), sid
-    if sig == signal.SIGKILL:  # a restarted server clears what its killed predecessor left
+        # A restarted server clears the workspaces its killed predecessor left in base_dir.
         os.makedirs(tmp_path / "a2")
         BridgeServer(str(tmp_path / "a2"), token=token, base_dir=base_a).stop()
-        assert not glob.glob(os.path.join(base_a, "trsi-sb-*"))
-    else:
-        for sid in ids:
+        left = glob.glob(os.path.join(base_a, "trsi-sb-*"))
+        shutil.rmtree(base_a, ignore_errors=True)
+    assert not left
+    for sid in ids:  # no process left, whichever server ran it
+        assert not pids_with_env(f"TRSI_SANDBOX={sid}".encode()), sid
+        if sig == signal.SIGTERM:
             assert_no_leftovers(sid)
-    import shutil
-
-    shutil.rmtree(base_a, ignore_errors=True)
 
 
 def test_retries_only_infrastructure_errors(tmp_path):
