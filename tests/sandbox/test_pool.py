@@ -76,7 +76,10 @@ def test_work_continues_when_a_server_dies(tmp_path, sig):
         left = glob.glob(os.path.join(base_a, "trsi-sb-*"))
         shutil.rmtree(base_a, ignore_errors=True)
     assert not left
-    for sid in ids:  # no process left, whichever server ran it
+    for sid in ids:  # no process left, whichever server ran it (killing takes a moment)
+        t_end = time.monotonic() + 5
+        while pids_with_env(f"TRSI_SANDBOX={sid}".encode()) and time.monotonic() < t_end:
+            time.sleep(0.05)
         assert not pids_with_env(f"TRSI_SANDBOX={sid}".encode()), sid
         if sig == signal.SIGTERM:
             assert_no_leftovers(sid)
