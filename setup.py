@@ -23,8 +23,15 @@ EXTRAS = {
     "dev": [
         "ruff>=0.6",
     ],
+    "sandbox": [
+        "starlette>=0.37,<1",
+        "uvicorn>=0.30,<1",
+        "httpx>=0.27,<1",
+        "docker>=7.1,<8",
+    ],
 }
 EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"]
+EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["sandbox"]
 
 setup(
     name="terminal_rsi",

@@ -1,0 +1,266 @@
+"""The sandbox protocol: spec, exec result, capped output, safe tar streams.
+
+Every backend (local bubblewrap / plain, Docker, remote over HTTP) implements
+:class:`Sandbox`. Semantics shared by all backends:
+
+- ``exec`` runs ``bash -c command`` in the workspace and returns an
+  :class:`ExecResult`. A command that runs past ``timeout`` is killed hard and
+  the result has ``timed_out=True`` (the agent's timeout is an observation, not
+  an exception; ``result.check()`` raises :class:`CommandTimeout` if wanted).
+- When an exec returns, every process it started is gone, including children
+  that double-forked or called ``setsid``: background processes do not
+  outlive their command. Calls on one sandbox are serialized.
+- stdout and stderr are each capped at ``spec.max_output_bytes``: the head and
+  the tail are kept with a marker in between and ``truncated=True``.
+- Files move as tar streams relative to the workspace. Absolute paths, ``..``
+  components, links that leave the workspace and device files are rejected
+  with :class:`BadRequest`.
+- ``close`` is idempotent and always cleans up (processes, containers, mounts).
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import dataclasses
+import io
+import posixpath
+import tarfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from terminal_rsi.sandbox.errors import BadRequest, CommandTimeout
+
+MiB = 1 << 20
+MARKER_ENV = "TRSI_SANDBOX"  # every exec'd process carries TRSI_SANDBOX=<sandbox id>
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxSpec:
+    """What to start. Limits apply per sandbox; ``image`` is used by Docker only.
+
+    Attributes:
+      image: Docker image (default: the locally built sandbox image).
+      files: workspace-relative path -> bytes, seeded at start.
+      env: environment for every exec (exec-level env overrides it).
+      memory_mb: memory cap (Docker: cgroup; local: RLIMIT_AS per process).
+      cpus: CPU share (Docker only; local uses RLIMIT_CPU per process).
+      pids: max processes (Docker: pids-limit; local: RLIMIT_NPROC of a dedicated uid).
+      disk_mb: size of the workspace and of /tmp (tmpfs); also RLIMIT_FSIZE locally.
+      network: allow network access (default off).
+      max_output_bytes: cap per stream per exec (head + tail kept).
+      open_files: RLIMIT_NOFILE.
+    """
+
+    image: str = "terminal-rsi-sandbox:bookworm"
+    files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    memory_mb: int = 1024
+    cpus: float = 1.0
+    pids: int = 256
+    disk_mb: int = 512
+    network: bool = False
+    max_output_bytes: int = 1 * MiB
+    open_files: int = 1024
+
+    def __post_init__(self):
+        for name in ("memory_mb", "pids", "disk_mb", "max_output_bytes", "open_files"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise BadRequest(f"SandboxSpec.{name} must be a positive int, got {v!r}")
+        if not (isinstance(self.cpus, (int, float)) and self.cpus > 0):
+            raise BadRequest(f"SandboxSpec.cpus must be > 0, got {self.cpus!r}")
+        for path in self.files:
+            safe_relpath(path)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["files"] = {k: base64.b64encode(v).decode() for k, v in self.files.items()}
+        d["env"] = dict(self.env)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SandboxSpec:
+        if not isinstance(d, Mapping):
+            raise BadRequest("spec must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise BadRequest(
+                f"unknown SandboxSpec fields {sorted(unknown)}; known: {sorted(known)}")
+        d = dict(d)
+        try:
+            if "files" in d:
+                d["files"] = {k: base64.b64decode(v) for k, v in d["files"].items()}
+            return cls(**d)
+        except (TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, BadRequest):
+                raise
+            raise BadRequest(f"bad SandboxSpec: {e}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one command. ``exit_code`` is negative (-signal) if killed by a signal."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def check(self) -> ExecResult:
+        """Raise CommandTimeout if the command timed out; return self otherwise."""
+        if self.timed_out:
+            raise CommandTimeout(f"command timed out after {self.duration_s:.1f}s")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ExecResult:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+class OutputCap:
+    """Keeps the first and last ``limit // 2`` bytes of a stream; counts the rest.
+
+    Memory is O(limit) whatever the stream length.
+    """
+
+    def __init__(self, limit: int):
+        self.head_limit = limit - limit // 2
+        self.tail_limit = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self.tail_limit > 0:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_limit:
+                del self.tail[: len(self.tail) - self.tail_limit]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_limit + self.tail_limit
+
+    def text(self) -> str:
+        tail = bytes(self.tail[-self.tail_limit:]) if self.tail_limit else b""
+        if not self.truncated:
+            return (bytes(self.head) + tail).decode("utf-8", errors="replace")
+        dropped = self.total - len(self.head) - len(tail)
+        marker = f"\n...[{dropped} bytes truncated]...\n"
+        return (bytes(self.head).decode("utf-8", errors="replace") + marker
+                + tail.decode("utf-8", errors="replace"))
+
+
+def safe_relpath(path: str) -> str:
+    """Normalize a workspace-relative path; reject absolute paths and `..` escapes."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise BadRequest(f"bad path {path!r}: give a non-empty workspace-relative path")
+    if path.startswith("/"):
+        raise BadRequest(f"path {path!r} is absolute; paths are relative to the workspace")
+    norm = posixpath.normpath(path)
+    if norm == ".." or norm.startswith("../"):
+        raise BadRequest(f"path {path!r} leaves the workspace")
+    return norm
+
+
+def check_tar(data: bytes, max_members: int = 100_000) -> list[tarfile.TarInfo]:
+    """Lexically validate an upload: regular files, dirs and in-workspace symlinks only."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            members = tf.getmembers()
+    except tarfile.TarError as e:
+        raise BadRequest(f"upload is not a readable tar stream: {e}") from e
+    if len(members) > max_members:
+        raise BadRequest(f"tar has {len(members)} members (> {max_members})")
+    for m in members:
+        name = safe_relpath(m.name)
+        if m.isreg() or m.isdir():
+            continue
+        if m.issym():
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(name), m.linkname))
+            if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
+                raise BadRequest(f"symlink {m.name!r} -> {m.linkname!r} leaves the workspace")
+            continue
+        raise BadRequest(f"tar member {m.name!r} has a disallowed type (links/devices/fifos)")
+    return members
+
+
+def files_to_tar(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
+    """Pack {relpath: bytes} into an uncompressed tar stream."""
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for path, data in files.items():
+            info = tarfile.TarInfo(safe_relpath(path))
+            info.size = len(data)
+            info.mode = mode
+            info.mtime = now
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def file_from_tar(data: bytes, path: str) -> bytes:
+    """Extract the single regular file named ``basename(path)`` from a get_tar stream."""
+    want = posixpath.basename(safe_relpath(path))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+        for m in tf.getmembers():
+            if posixpath.basename(posixpath.normpath(m.name)) == want:
+                if not m.isreg():
+                    raise BadRequest(f"{path!r} is not a regular file")
+                f = tf.extractfile(m)
+                assert f is not None
+                return f.read()
+    raise BadRequest(f"{path!r} not found in the workspace")
+
+
+class Sandbox(abc.ABC):
+    """The protocol. Use as a context manager; ``close`` is idempotent."""
+
+    spec: SandboxSpec
+    id: str
+    workdir: str  # absolute workspace path as seen by commands
+
+    @abc.abstractmethod
+    def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
+             cwd: str | None = None) -> ExecResult:
+        """Run ``bash -c command`` with a hard kill at ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    def put_tar(self, data: bytes, dest: str = ".") -> None:
+        """Extract a tar stream into the workspace directory ``dest``."""
+
+    @abc.abstractmethod
+    def get_tar(self, path: str = ".", max_bytes: int = 256 * MiB) -> bytes:
+        """Return a tar stream of workspace path ``path`` (file or directory)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Destroy the sandbox and everything it started. Idempotent."""
+
+    def put_files(self, files: Mapping[str, bytes], mode: int = 0o644) -> None:
+        self.put_tar(files_to_tar(files, mode=mode))
+
+    def get_file(self, path: str, max_bytes: int = 256 * MiB) -> bytes:
+        return file_from_tar(self.get_tar(path, max_bytes=max_bytes), path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

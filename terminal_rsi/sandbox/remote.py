@@ -1,0 +1,155 @@
+"""RemoteSandbox: the Sandbox protocol over HTTP against ``terminal_rsi.sandbox.serve``.
+
+Errors map to types and are never retried here (the pool retries sandbox
+creation on infrastructure errors only):
+
+- connection refused/reset, protocol errors, read timeouts, HTTP 5xx -> InfrastructureError
+- 503 busy -> SandboxBusy (an InfrastructureError, retryable)
+- 410 -> SandboxLost; 400/413/401 -> BadRequest
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+
+from terminal_rsi.sandbox.base import ExecResult, Sandbox, SandboxSpec, safe_relpath
+from terminal_rsi.sandbox.errors import (
+    ERROR_TYPES,
+    BadRequest,
+    InfrastructureError,
+    SandboxBusy,
+    SandboxLost,
+)
+
+log = logging.getLogger(__name__)
+
+
+def load_token(token: str | None = None, token_file: str | None = None) -> str:
+    if token:
+        return token
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    return line.rpartition(":")[2]
+    raise BadRequest("a bridge token is needed: pass token= or token_file=")
+
+
+class BridgeClient:
+    """One HTTP connection pool to one bridge server, with typed errors."""
+
+    def __init__(self, url: str, token: str | None = None, token_file: str | None = None,
+                 timeout: float = 30.0, client_id: str | None = None):
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.client_id = client_id or uuid.uuid4().hex
+        self._http = httpx.Client(
+            base_url=self.url, timeout=httpx.Timeout(timeout),
+            headers={"Authorization": f"Bearer {load_token(token, token_file)}",
+                     "X-Trsi-Client": self.client_id},
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    def request(self, method: str, path: str, *, timeout: float | None = None, **kw):
+        import httpx
+
+        try:
+            r = self._http.request(method, path, timeout=timeout or self.timeout, **kw)
+        except httpx.TimeoutException as e:
+            raise InfrastructureError(f"{method} {self.url}{path}: no answer in time ({e!r})") \
+                from e
+        except httpx.TransportError as e:
+            raise InfrastructureError(f"{method} {self.url}{path}: {type(e).__name__}: {e}") from e
+        if r.status_code < 400:
+            return r
+        try:
+            err = r.json()["error"]
+            kind, msg = err["kind"], err["message"]
+        except Exception:  # noqa: BLE001
+            kind, msg = "", r.text[:500]
+        if r.status_code == 401:
+            raise BadRequest(f"bridge {self.url} rejected the token: {msg}")
+        if r.status_code == 503 or kind == "busy":
+            raise SandboxBusy(f"bridge {self.url}: {msg}")
+        if r.status_code >= 500:
+            raise InfrastructureError(f"bridge {self.url} answered {r.status_code}: {msg}")
+        cls = ERROR_TYPES.get(kind, BadRequest)
+        raise cls(f"bridge {self.url}: {msg}")
+
+    def health(self, timeout: float = 5.0) -> dict:
+        return self.request("GET", "/v1/health", timeout=timeout).json()
+
+    def metrics(self) -> dict:
+        return self.request("GET", "/v1/metrics").json()
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class RemoteSandbox(Sandbox):
+    """A sandbox living on a bridge server."""
+
+    def __init__(self, client: BridgeClient, sid: str, spec: SandboxSpec, own_client: bool):
+        self.client, self.id, self.spec = client, sid, spec
+        self.workdir = "/workspace"
+        self._own_client = own_client
+        self._closed = False
+
+    @classmethod
+    def create(cls, url_or_client: str | BridgeClient, spec: SandboxSpec | None = None,
+               **client_kw) -> RemoteSandbox:
+        spec = spec or SandboxSpec()
+        own = not isinstance(url_or_client, BridgeClient)
+        client = BridgeClient(url_or_client, **client_kw) if own else url_or_client
+        try:
+            r = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_json()},
+                               timeout=max(client.timeout, 120.0))
+        except BaseException:
+            if own:
+                client.close()
+            raise
+        return cls(client, r.json()["id"], spec, own)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxLost(f"sandbox {self.id} is closed")
+
+    def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
+             cwd: str | None = None) -> ExecResult:
+        self._check_open()
+        body = {"command": command, "timeout": timeout, "env": dict(env) if env else None,
+                "cwd": cwd}
+        r = self.client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body,
+                                timeout=timeout + 60.0)
+        return ExecResult.from_json(r.json())
+
+    def put_tar(self, data: bytes, dest: str = ".") -> None:
+        self._check_open()
+        self.client.request("PUT", f"/v1/sandboxes/{self.id}/files",
+                            params={"dest": safe_relpath(dest)}, content=data,
+                            headers={"Content-Type": "application/x-tar"},
+                            timeout=max(self.client.timeout, 120.0))
+
+    def get_tar(self, path: str = ".", max_bytes: int = 256 << 20) -> bytes:
+        self._check_open()
+        r = self.client.request("GET", f"/v1/sandboxes/{self.id}/files",
+                                params={"path": safe_relpath(path), "max_bytes": max_bytes},
+                                timeout=max(self.client.timeout, 120.0))
+        return r.content
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.request("DELETE", f"/v1/sandboxes/{self.id}")
+        except (InfrastructureError, SandboxLost) as e:
+            # The server is gone or already dropped it; its shutdown/TTL reaper cleans up.
+            log.warning("closing remote sandbox %s: %s", self.id, e)
+        finally:
+            if self._own_client:
+                self.client.close()
