@@ -499,6 +499,8 @@ def gen_dir_hunt(rng: random.Random) -> Instance:
 # 16 fix_script (2 turns): the failing function is named by check.sh's error message.
 
 _OPS = {"add": ("+", "-"), "sub": ("-", "+"), "mul": ("*", "+"), "mod": ("%", "-")}
+# Each function has its own argument names, so a fix (sed on "return x OP y") is unique.
+_ARGS = {"add": ("a", "b"), "sub": ("c", "d"), "mul": ("x", "y"), "mod": ("m", "n")}
 
 
 def _calc(f: str, a: int, b: int, broken: bool = False) -> int:
@@ -519,10 +521,11 @@ def gen_fix_script(rng: random.Random) -> Instance:
     broken_set = set(rng.sample(funcs, 2))
     broken = [f for f in funcs if f in broken_set]  # the order check.sh reports them in
     src = "".join(
-        f"def {f}(a, b):\n    return a {_OPS[f][1] if f in broken else _OPS[f][0]} b\n\n"
+        "def {0}({1}, {2}):\n    return {1} {3} {2}\n\n".format(
+            f, *_ARGS[f], _OPS[f][1] if f in broken else _OPS[f][0])
         for f in funcs)
     vis = [_case(rng, f, 5, 9) for f in funcs]
-    check_sh = "#!/bin/sh\npython3 - <<'EOF'\nimport sys\nsys.path.insert(0, '.')\nimport calc\n"
+    check_sh = "#!/bin/sh\npython3 -B - <<'EOF'\nimport sys\nsys.path.insert(0, '.')\nimport calc\n"
     for f, a, b in vis:
         want = _calc(f, a, b)
         check_sh += (f"got = calc.{f}({a}, {b})\nif got != {want}:\n"
@@ -530,7 +533,8 @@ def gen_fix_script(rng: random.Random) -> Instance:
     check_sh += "print('all ok')\nEOF\n"
     hidden_cases = [_case(rng, f, 10, 50) for f in funcs]
     nonce = f"{rng.getrandbits(48):012x}"
-    probe = ("python3 -c \"import sys, json; sys.path.insert(0, '.'); import calc; "
+    # Stale bytecode (same size, same mtime second) must not answer for calc.py.
+    probe = ("rm -rf __pycache__; python3 -B -c \"import sys, json; sys.path.insert(0, '.'); import calc; "
              f"print('{nonce}' + json.dumps([getattr(calc, f, lambda a, b: None)(a, b) "
              f"for f, a, b in {hidden_cases!r}]))\"")
 
@@ -551,8 +555,8 @@ def gen_fix_script(rng: random.Random) -> Instance:
         out.append(check("check.sh passes", v.exit_code == 0 and "all ok" in v.stdout))
         return out
 
-    fix = [f"sed -i 's|return a {_OPS[f][1]} b|return a {_OPS[f][0]} b|' calc.py"
-           for f in broken]
+    fix = ["sed -i 's|return {1} {2} {3}|return {1} {0} {3}|' calc.py".format(
+        _OPS[f][0], _ARGS[f][0], _OPS[f][1], _ARGS[f][1]) for f in broken]
     return Instance(
         instruction="calc.py is broken. Run sh check.sh, read the error, and fix calc.py until "
                     "check.sh prints 'all ok'. Do not edit check.sh.",
