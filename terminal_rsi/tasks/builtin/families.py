@@ -534,7 +534,8 @@ def gen_fix_script(rng: random.Random) -> Instance:
     hidden_cases = [_case(rng, f, 10, 50) for f in funcs]
     nonce = f"{rng.getrandbits(48):012x}"
     # Stale bytecode (same size, same mtime second) must not answer for calc.py.
-    probe = ("rm -rf __pycache__; python3 -B -c \"import sys, json; sys.path.insert(0, '.'); import calc; "
+    probe = ("rm -rf __pycache__; python3 -B -c \"import sys, json; "
+             "sys.path.insert(0, '.'); import calc; "
              f"print('{nonce}' + json.dumps([getattr(calc, f, lambda a, b: None)(a, b) "
              f"for f, a, b in {hidden_cases!r}]))\"")
 
