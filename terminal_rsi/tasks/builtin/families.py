@@ -566,7 +566,7 @@ def gen_fix_script(rng: random.Random) -> Instance:
         partial=[fix[0]],
         checks=checks,
         mutable=("calc.py",),
-        hidden=tuple(broken),
+        hidden=tuple("return {1} {0} {2}".format(_OPS[f][1], *_ARGS[f]) for f in broken),
     )
 
 
