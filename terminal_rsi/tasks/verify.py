@@ -576,10 +576,11 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
     files[f"{logs_dir}/.keep"] = b""
     vsb.put_files(files, mode=0o755)
     pythonpath = ""
+    # Script verifiers (Harbor's test.sh) usually run pytest too: same runtime rule.
+    if _needs_runtime(vsb, backend, image, pytest_runtime):
+        vsb.put_tar(pytest_runtime_tar(), dest=f"{vdir}/pylib")
+        pythonpath = f"{vsb.workdir}/{vdir}/pylib"
     if ver.kind == "pytest":
-        if _needs_runtime(vsb, backend, image, pytest_runtime):
-            vsb.put_tar(pytest_runtime_tar(), dest=f"{vdir}/pylib")
-            pythonpath = f"{vsb.workdir}/{vdir}/pylib"
         command = (f'python3 -P -m pytest -q -p no:cacheprovider --rootdir="$TEST_DIR" '
                    f'--confcutdir="$TEST_DIR" --ctrf "$TRSI_LOGS_DIR/ctrf.json" '
                    f'{ver.command} "$TEST_DIR"')
