@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -161,6 +162,7 @@ def main() -> int:
         for p in servers:
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     b50 = rows[0][1]
     print(f"\nexec round trip of `true` (n={args.n}), throughput with {args.concurrency} "

@@ -199,6 +199,8 @@ class LocalSandbox(Sandbox):
 
     def _argv(self, command: str, rel_cwd: str, timeout: float) -> list[str]:
         ul = self._ulimits(timeout)
+        if _pdeathsig():  # the parent may have died before the death signal was armed
+            ul = f'[ "$PPID" = "{os.getpid()}" ] || exit 111; {ul}'
         if self.mode == "plain":
             # The wrapper stays the parent (no exec) so `kill $PPID` hits only the wrapper.
             return [*_pdeathsig(), "/bin/bash", "-c", f'{ul}; "$@"; exit $?', "trsi",
