@@ -39,6 +39,7 @@ import json
 import os
 import posixpath
 import tarfile
+import tempfile
 import time
 import types
 import uuid
@@ -557,9 +558,23 @@ def _verify_builtin(task: Task, get_sandbox, artifacts: bytes, hygiene: HygieneR
     doc = ctrf_document(checks, start_ms=start, stop_ms=int(time.time() * 1000))
     raw = json.dumps(doc, indent=1).encode()
     terminal = all(c.passed for c in checks)
-    report = parse_ctrf(json.loads(raw), terminal_success=terminal, hygiene=hygiene)
+    report = parse_report_bytes(raw, terminal_success=terminal, hygiene=hygiene)
     return VerificationResult(task.id, task.family, report, None, None, doc,
                               types.MappingProxyType({"ctrf.json": raw}), "", 0.0)
+
+
+def parse_report_bytes(raw: bytes, *, terminal_success: bool | None,
+                       hygiene: HygieneRule = DEFAULT_HYGIENE) -> VerificationReport:
+    """Parse a CTRF report's bytes through `parse_ctrf`'s file path (size limit, UTF-8,
+    JSON without NaN or duplicate keys, shape, counts), as a verifier's report file."""
+    fd, path = tempfile.mkstemp(prefix="trsi-ctrf-", suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        report = parse_ctrf(path, terminal_success=terminal_success, hygiene=hygiene)
+    finally:
+        os.unlink(path)
+    return dataclasses.replace(report, source=None)
 
 
 def _read(vsb, path: str) -> bytes | None:
@@ -628,14 +643,9 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
         terminal = success_from_reward(reward)
     ctrf_obj = None
     if ctrf_raw is not None:
-        try:
+        report = parse_report_bytes(ctrf_raw, terminal_success=terminal, hygiene=hygiene)
+        if report.valid:
             ctrf_obj = json.loads(ctrf_raw)
-        except ValueError as e:
-            ctrf_obj = None
-            report = VerificationReport.invalid(f"ctrf.json is not JSON: {e}",
-                                                terminal_success=terminal)
-        else:
-            report = parse_ctrf(ctrf_obj, terminal_success=terminal, hygiene=hygiene)
     else:
         report = VerificationReport.invalid("the verifier wrote no CTRF report (ctrf.json)",
                                             terminal_success=terminal)

@@ -134,3 +134,19 @@ def test_docker_backend_pytest_path(tb_dir, harbor_dir):
     assert (empty.S, empty.P) == (0, 0)
     h = run_reference(load_harbor_task(harbor_dir), backend="docker")
     assert h.reward == 1.0 and (h.S, h.P, h.N) == (1, 4, 4)
+
+
+@pytest.mark.parametrize("ctrf,problem", [
+    ("not json", "JSON"),
+    ('{"results": {"tool": {"name": "x"}, "tool": 1}}', "duplicate"),
+    ('{"reportFormat": "CTRF", "specVersion": "1.0.0", "results": {"tool": {"name": "x"}, '
+     '"summary": {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "pending": 0, '
+     '"other": 0}, "tests": []}}', "zero tests"),
+])
+def test_bad_report_is_invalid_and_falls_back_to_reward(tmp_path, ctrf, problem):
+    root = write(tmp_path / "h", harbor_files(**{
+        "tests/test.sh": f"#!/bin/bash\necho '{ctrf}' > /logs/verifier/ctrf.json\n"
+                         "echo 1 > /logs/verifier/reward.txt\n"}))
+    r = run_reference(load_harbor_task(root), backend="local-plain")
+    assert not r.report.valid and problem in r.report.reason, r.report.reason
+    assert r.S == 1 and r.P == 0 and r.ctrf is None and "ctrf.json" in r.artifacts
