@@ -180,3 +180,15 @@ def test_broken_check_is_verifier_error_not_zero():
     with open_task_sandbox(task, BACKEND) as sb, pytest.raises(VerifierError) as e:
         verify(task, sb, backend=BACKEND)
     assert e.value.kind == "crash"
+
+
+def test_fix_script_runs_the_original_check():
+    """Rewriting check.sh to print 'all ok' does not pass the check (nor hygiene)."""
+    task = make_task("fix_script", 2)
+    with open_task_sandbox(task, BACKEND) as sb:
+        sb.exec("printf '#!/bin/sh\\necho all ok\\n' > check.sh")
+        r = verify(task, sb, backend=BACKEND)
+    assert r.S == 0
+    names = {t["name"]: t["status"] for t in r.ctrf["results"]["tests"]}
+    assert names["check.sh passes"] == "failed"
+    assert names["hygiene::inputs_unchanged"] == "failed"

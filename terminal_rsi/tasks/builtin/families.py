@@ -21,6 +21,7 @@ from terminal_rsi.tasks.builtin.core import (
     join_lines,
     lines,
     pick,
+    sh_quote,
     text_eq,
 )
 
@@ -540,10 +541,14 @@ def gen_fix_script(rng: random.Random) -> Instance:
              f"for f, a, b in {hidden_cases!r}]))\"")
 
     def checks(s, run):
-        r = run(probe, timeout=20)
-        got = None
+        # One command: the hidden cases, then the *original* check.sh (not the agent's copy).
+        r = run(f"{probe}; out=$(sh -c {sh_quote(check_sh)} 2>&1); "
+                f'echo "{nonce}RC=$?"; echo "$out"', timeout=30)
+        got, rc = None, None
         for ln in r.stdout.splitlines():
-            if ln.startswith(nonce):
+            if ln.startswith(nonce + "RC="):
+                rc = ln[len(nonce) + 3:].strip()
+            elif ln.startswith(nonce):
                 try:
                     got = json.loads(ln[len(nonce):])
                 except ValueError:
@@ -552,8 +557,7 @@ def gen_fix_script(rng: random.Random) -> Instance:
         for i, (f, a, b) in enumerate(hidden_cases):
             out.append(check(f"{f} is correct", got is not None and got[i] == _calc(f, a, b),
                              f"stdout {r.stdout[-200:]!r} stderr {r.stderr[-200:]!r}"))
-        v = run("sh check.sh", timeout=20)
-        out.append(check("check.sh passes", v.exit_code == 0 and "all ok" in v.stdout))
+        out.append(check("check.sh passes", rc == "0" and "all ok" in r.stdout))
         return out
 
     fix = ["sed -i 's|return {1} {2} {3}|return {1} {0} {3}|' calc.py".format(
