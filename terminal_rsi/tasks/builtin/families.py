@@ -598,7 +598,7 @@ def gen_env_repair(rng: random.Random) -> Instance:
             check(f"{keys[0]} is set", kv.get(keys[0], "").strip() in choices[keys[0]]),
             check(f"{keys[1]} is set", kv.get(keys[1], "").strip() in choices[keys[1]]),
             check("out.txt has run.sh's output", (s.text("out.txt") or "").strip().split(" ")[:1]
-                  == [word] and run("sh run.sh", 20).stdout.strip()
+                  == [word] and run(f"sh -c {sh_quote(run_sh)}", 20).stdout.strip()
                   == (s.text("out.txt") or "").strip()),
         ]
 
