@@ -154,6 +154,8 @@ def task_image(task: Task, backend: str) -> str | None:
     from terminal_rsi.sandbox import image as image_mod
 
     if env.dockerfile is None:
+        if env.image:
+            _require_image(task, env.image)
         return env.image
     key = (env.dockerfile, str(os.path.getmtime(env.dockerfile)))
     if key in _image_cache:
@@ -185,6 +187,20 @@ def task_image(task: Task, backend: str) -> str | None:
     return tag
 
 
+def _require_image(task: Task, tag: str) -> None:
+    import docker
+
+    try:
+        docker.from_env(timeout=30).images.get(tag)
+    except docker.errors.ImageNotFound:
+        raise EnvironmentUnavailable(
+            f"task {task.id}: its environment is the image {tag!r}, which is not present on "
+            "this Docker engine and cannot be pulled here (no registry access); load it with "
+            "`docker load` first") from None
+    except docker.errors.DockerException:
+        pass  # engine problems surface as InfrastructureError when the sandbox starts
+
+
 def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, **sandbox_kwargs):
     """Start the agent's sandbox for `task`: seeded workspace, environment setup done.
 
@@ -213,8 +229,9 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, **sandbox_kwar
             + "; ".join(env.unsupported) + ". Use backend='docker'")
     sb = open_sandbox(_spec_for(task, image), backend=backend, **sandbox_kwargs)
     try:
-        if env.dockerfile is None or local:
-            seed_files(sb, env.files, env.modes)
+        # The workspace stands in for WORKDIR on every backend: COPY'd files are seeded into
+        # it (on Docker they also stay where the image build put them).
+        seed_files(sb, env.files, env.modes)
         if local:
             for cmd in env.setup:
                 r = sb.exec(cmd, timeout=max(60.0, task.agent_timeout_s))
