@@ -296,6 +296,8 @@ class Snapshot(Mapping):
 
     def __init__(self, entries: Mapping[str, FileEntry]):
         self._e = types.MappingProxyType(dict(entries))
+        self._files = types.MappingProxyType(
+            {k: v.data for k, v in self._e.items() if v.kind == "file"})
 
     @classmethod
     def from_tar(cls, data: bytes, strip: str = "") -> Snapshot:
@@ -325,8 +327,9 @@ class Snapshot(Mapping):
     def __len__(self):
         return len(self._e)
 
-    def files(self) -> dict[str, bytes]:
-        return {k: v.data for k, v in self._e.items() if v.kind == "file"}
+    def files(self) -> Mapping[str, bytes]:
+        """{path: bytes} of the regular files (read-only view)."""
+        return self._files
 
     def text(self, path: str) -> str | None:
         e = self._e.get(path)
