@@ -150,3 +150,19 @@ def test_bad_report_is_invalid_and_falls_back_to_reward(tmp_path, ctrf, problem)
     r = run_reference(load_harbor_task(root), backend="local-plain")
     assert not r.report.valid and problem in r.report.reason, r.report.reason
     assert r.S == 1 and r.P == 0 and r.ctrf is None and "ctrf.json" in r.artifacts
+
+
+def test_sandbox_without_pytest_is_a_crash_not_a_zero(tb_dir):
+    """pytest_runtime='sandbox' trusts the sandbox's python; the host /usr python has no
+    pytest, so the verifier cannot run: a typed crash, never a score of 0."""
+    from terminal_rsi.sandbox import open_sandbox
+    from terminal_rsi.tasks.verify import _PROBE
+
+    with open_sandbox(backend="local-plain") as sb:
+        if sb.exec(_PROBE, timeout=30).ok:
+            pytest.skip("this host's system python has pytest and pytest-json-ctrf >= 0.6")
+    task = load_terminal_bench_task(tb_dir)
+    with pytest.raises(VerifierError) as e:
+        run_reference(task, backend="local-plain", pytest_runtime="sandbox")
+    assert e.value.kind == "crash" and "pytest" in str(e.value)
+    assert "stdout.txt" in e.value.artifacts
