@@ -114,6 +114,11 @@ def test_multi_turn_hidden_values():
 
 
 def test_bwrap_backend_reference():
+    from terminal_rsi.sandbox.local import bwrap_available
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap is not usable here (apt-get install bubblewrap; needs user "
+                    "namespaces)")
     for name in ("fix_script", "permissions", "archive"):
         task = make_task(name, 7)
         with open_task_sandbox(task, "local-bwrap") as sb:
