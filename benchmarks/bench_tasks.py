@@ -71,7 +71,7 @@ def main() -> None:
     rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         tasks = [("builtin emitter (sort_uniq, no commands)", make_task("sort_uniq", 0)),
-                 ("builtin emitter (fix_script, 2 commands)", make_task("fix_script", 0)),
+                 ("builtin emitter (fix_script, 1 command)", make_task("fix_script", 0)),
                  ("pytest + pytest-json-ctrf (5 tests)", _tb_task(tmp))]
         for backend in args.backends.split(","):
             if backend == "docker":
