@@ -65,8 +65,8 @@ def tb_files(**overrides):
             max_test_timeout_sec: 60
             expected_checks: 4
         """),
-        "Dockerfile": "FROM terminal-rsi-sandbox:bookworm\nUSER root\nWORKDIR /app\nCOPY name.txt .\n"
-                      "RUN mkdir -p logs && echo started > logs/setup.txt\n",
+        "Dockerfile": "FROM terminal-rsi-sandbox:bookworm\nUSER root\nWORKDIR /app\n"
+                      "COPY name.txt .\nRUN mkdir -p logs && echo started > logs/setup.txt\n",
         "name.txt": "ada\n",
         "run-tests.sh": "#!/bin/bash\npytest $TEST_DIR/test_outputs.py -rA\n",
         "tests/test_outputs.py": TEST_OUTPUTS,

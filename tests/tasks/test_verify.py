@@ -121,12 +121,26 @@ def _docker_ready() -> str | None:
     return None
 
 
-def test_docker_backend_pytest_path(tb_dir, harbor_dir):
+def _need_docker():
     why = _docker_ready()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI: {why}; .ci/setup_sandbox.sh should have started it")
         pytest.skip(why)
+
+
+def test_docker_backend_builtin_families():
+    _need_docker()
+    from terminal_rsi.tasks.builtin import FAMILIES, make_task
+
+    for name in FAMILIES:
+        task = make_task(name, 1)
+        r = run_reference(task, backend="docker")
+        assert (r.S, r.P, r.N) == (1, task.expected_checks, task.expected_checks), (name, r.ctrf)
+
+
+def test_docker_backend_pytest_path(tb_dir, harbor_dir):
+    _need_docker()
     tb = load_terminal_bench_task(tb_dir)
     ref = run_reference(tb, backend="docker")
     assert (ref.S, ref.P, ref.N) == (1, 4, 4), ref.artifacts["stdout.txt"]
