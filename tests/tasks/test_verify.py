@@ -180,3 +180,18 @@ def test_sandbox_without_pytest_is_a_crash_not_a_zero(tb_dir):
         run_reference(task, backend="local-plain", pytest_runtime="sandbox")
     assert e.value.kind == "crash" and "pytest" in str(e.value)
     assert "stdout.txt" in e.value.artifacts
+
+
+def test_docker_unbuildable_image_says_so(tmp_path):
+    _need_docker()
+    from terminal_rsi.tasks import EnvironmentUnavailable
+
+    task = load_terminal_bench_task(write(tmp_path / "x", tb_files(
+        Dockerfile="FROM example.invalid/no-such-image:1\nWORKDIR /app\n")))
+    with pytest.raises(EnvironmentUnavailable, match="no-such-image.*cannot be pulled"):
+        open_task_sandbox(task, "docker")
+    image_only = load_harbor_task(write(tmp_path / "i", harbor_files(**{
+        "environment/Dockerfile": None, "environment/name.txt": None,
+        "task.toml": "[environment]\ndocker_image = 'example.invalid/absent:2'\n"})))
+    with pytest.raises(EnvironmentUnavailable, match="absent:2"):
+        open_task_sandbox(image_only, "docker")
