@@ -14,7 +14,6 @@ naming the file and the field.
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,8 +38,38 @@ class EnvironmentUnavailable(RuntimeError):
     cannot be built or pulled here, a multi-container compose setup, ...)."""
 
 
+class FrozenMap(Mapping):
+    """A read-only mapping that pickles (tasks travel to rollout workers)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, data: Mapping | None = None):
+        object.__setattr__(self, "_d", dict(data or {}))
+
+    def __getitem__(self, key):
+        return self._d[key]
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+    def __eq__(self, other):
+        return isinstance(other, Mapping) and dict(self._d) == dict(other)
+
+    def __hash__(self):
+        return hash(tuple(sorted(self._d)))
+
+    def __repr__(self):
+        return f"FrozenMap({self._d!r})"
+
+    def __reduce__(self):
+        return (FrozenMap, (self._d,))
+
+
 def _frozen_map(m: Mapping | None) -> Mapping:
-    return types.MappingProxyType(dict(m or {}))
+    return m if isinstance(m, FrozenMap) else FrozenMap(m)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -197,3 +197,15 @@ def test_fix_script_runs_the_original_check():
     names = {t["name"]: t["status"] for t in r.ctrf["results"]["tests"]}
     assert names["check.sh passes"] == "failed"
     assert names["hygiene::inputs_unchanged"] == "failed"
+
+
+def test_tasks_pickle_and_still_verify():
+    import pickle
+
+    task = pickle.loads(pickle.dumps(make_task("fix_script", 5)))
+    assert task == make_task("fix_script", 5)
+    with open_task_sandbox(task, BACKEND) as sb:
+        for turn in task.solution:
+            _attempt(sb, turn)
+        r = verify(task, sb, backend=BACKEND)
+    assert (r.S, r.P, r.N) == (1, task.expected_checks, task.expected_checks)

@@ -122,3 +122,13 @@ def test_unavailable_environments_say_so(tmp_path):
         Dockerfile="FROM x\nWORKDIR /app\nADD https://example.com/a.tgz .\n")))
     with pytest.raises(EnvironmentUnavailable, match="remote source"):
         open_task_sandbox(remote, "local-plain")
+
+
+def test_loaded_tasks_pickle(tb_dir, harbor_dir):
+    import pickle
+
+    for t in (load_terminal_bench_task(tb_dir), load_harbor_task(harbor_dir)):
+        u = pickle.loads(pickle.dumps(t))
+        assert u == t and dict(u.verifier.files) == dict(t.verifier.files)
+        with pytest.raises(TypeError):
+            u.environment.files["x"] = b""

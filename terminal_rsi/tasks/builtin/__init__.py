@@ -46,10 +46,7 @@ def make_task(family: str, seed: int) -> Task:
     if fam is None:
         raise KeyError(f"unknown built-in family {family!r}; known: {sorted(FAMILIES)}")
     inst = instance(family, seed)
-
-    def check(snapshot, run):
-        return inst.checks(snapshot, run) + hygiene_checks(snapshot, inst)
-
+    check = BuiltinCheck(family, int(seed))
     n_checks = len(inst.checks(_EmptySnapshot(), _no_run))
     return Task(
         id=f"{family}/{seed}",
@@ -67,6 +64,29 @@ def make_task(family: str, seed: int) -> Task:
         format="builtin",
         seed=int(seed),
     )
+
+
+class BuiltinCheck:
+    """The protected check of one built-in instance: the family's checks plus hygiene.
+
+    Pickles as (family, seed) and regenerates the instance where it runs, so built-in tasks
+    can be sent to other processes.
+    """
+
+    def __init__(self, family: str, seed: int):
+        self.family, self.seed = family, seed
+        self._inst: Instance | None = None
+
+    def __call__(self, snapshot, run):
+        if self._inst is None:
+            self._inst = instance(self.family, self.seed)
+        return self._inst.checks(snapshot, run) + hygiene_checks(snapshot, self._inst)
+
+    def __reduce__(self):
+        return (BuiltinCheck, (self.family, self.seed))
+
+    def __repr__(self):
+        return f"BuiltinCheck({self.family!r}, {self.seed})"
 
 
 def partial_solution(task: Task) -> list[str]:
