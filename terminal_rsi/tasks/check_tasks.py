@@ -44,13 +44,27 @@ class TaskCheckFailed(RuntimeError):
     """At least one task's reference solution did not pass its verifier."""
 
 
-def _load(cfg):
-    from terminal_rsi.tasks import get_suite
+def _load(cfg) -> list:
+    """Tasks to check; a directory that fails to load becomes a TaskFormatError entry."""
+    from terminal_rsi.tasks import TaskFormatError, get_suite
+    from terminal_rsi.tasks.harbor import find_task_dirs, load_task_dir
 
     if cfg.source == "builtin":
         return list(get_suite("builtin", cfg.split, n_per_family=cfg.n_per_family,
                               families=list(cfg.families) or None, start_seed=0))
-    return list(get_suite(cfg.source, "all"))
+    out = []
+    for d in find_task_dirs(cfg.source):
+        try:
+            out.append(load_task_dir(d))
+        except TaskFormatError as e:
+            out.append(e)
+    return out
+
+
+def _format_error_row(e) -> dict:
+    return {"task": os.path.basename(os.path.dirname(e.file)) or e.file, "family": "-",
+            "format": "-", "turns": "-", "expected": None, "verdict": "FORMAT ERROR",
+            "why": str(e), "seconds": 0.0}
 
 
 def check_task(task, cfg) -> dict:
@@ -107,6 +121,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     tasks = _load(cfg)
     rows = []
     for task in tasks:
+        if isinstance(task, Exception):
+            rows.append(_format_error_row(task))
+            print(f"== {rows[-1]['task']}: FORMAT ERROR ({task})")
+            continue
         row = check_task(task, cfg)
         rows.append(row)
         print(f"== {task.id} [{task.format}, {task.family}]: {row['verdict']}"

@@ -174,18 +174,21 @@ def load_task_dir(path: str) -> Task:
                           "task.yaml (Terminal-Bench)")
 
 
-def load_task_dirs(root: str) -> list[Task]:
-    """Load `root` itself if it is a task directory, else every task directory below it."""
+def find_task_dirs(root: str) -> list[str]:
+    """`root` itself if it is a task directory, else the task directories right below it."""
     if is_harbor_dir(root) or os.path.isfile(os.path.join(root, "task.yaml")):
-        return [load_task_dir(root)]
+        return [root]
     if not os.path.isdir(root):
         raise TaskFormatError(root, None, "no such directory")
-    out = []
-    for name in sorted(os.listdir(root)):
-        sub = os.path.join(root, name)
-        if os.path.isdir(sub) and (is_harbor_dir(sub) or os.path.isfile(
-                os.path.join(sub, "task.yaml"))):
-            out.append(load_task_dir(sub))
+    out = [os.path.join(root, n) for n in sorted(os.listdir(root))
+           if os.path.isdir(os.path.join(root, n)) and (
+               is_harbor_dir(os.path.join(root, n))
+               or os.path.isfile(os.path.join(root, n, "task.yaml")))]
     if not out:
         raise TaskFormatError(root, None, "contains no task directories (task.toml/task.yaml)")
     return out
+
+
+def load_task_dirs(root: str) -> list[Task]:
+    """Load `root` itself if it is a task directory, else every task directory below it."""
+    return [load_task_dir(d) for d in find_task_dirs(root)]

@@ -32,15 +32,17 @@ def test_run_on_task_dirs(tmp_path, capsys):
     write(suite / "a-tb", tb_files())
     write(suite / "b-harbor", harbor_files())
     write(suite / "c-broken", tb_files(**{"solution.sh": "echo 1 > count1.txt\n"}))
+    write(suite / "d-bad", tb_files(**{"task.yaml": "instruction: x\ndifficulty: brutal\n"}))
     cfg = get_config()
     cfg.tasks.source = str(suite)
     cfg.tasks.show_reports = True
     with pytest.raises(TaskCheckFailed, match="c-broken"):
         run(cfg, str(tmp_path / "wd"))
     out = capsys.readouterr().out
-    assert "| a-tb |" in out and "2/3 tasks pass" in out
+    assert "| a-tb |" in out and "2/4 tasks pass" in out
     rows = json.load(open(tmp_path / "wd" / "results.json"))
-    assert [r["verdict"] for r in rows] == ["PASS", "PASS", "FAIL"]
+    assert [r["verdict"] for r in rows] == ["PASS", "PASS", "FAIL", "FORMAT ERROR"]
+    assert rows[3]["task"] == "d-bad" and "difficulty" in rows[3]["why"]
     assert rows[2]["S"] == 0 and rows[2]["P"] == 1 and rows[2]["N"] == 4
 
 
