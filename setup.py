@@ -11,6 +11,7 @@ INSTALL_REQUIRES = [
     "numpy>=1.26,<3",
     "ml-collections>=1.0,<2",
     "absl-py>=2.1,<3",
+    "pyyaml>=6,<7",  # Terminal-Bench task.yaml (terminal_rsi.tasks)
 ]
 
 EXTRAS = {

@@ -19,6 +19,7 @@ from terminal_rsi.configuration import ConfigError
 EXPERIMENTS: dict[str, str] = {
     "credit_diagnostic": "terminal_rsi.credit.diagnostic",
     "rescore": "terminal_rsi.rewards.rescore",
+    "verify_tasks": "terminal_rsi.tasks.check_tasks",
 }
 
 

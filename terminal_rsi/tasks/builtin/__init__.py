@@ -1,0 +1,125 @@
+"""The built-in procedural task suite (no Docker needed).
+
+    from terminal_rsi.tasks.builtin import FAMILIES, make_task, instances
+    task = make_task("sort_uniq", seed=3)
+
+Splits (see `terminal_rsi.tasks.registry.get_suite`):
+
+* instance seeds: a seed is held out if `heldout_seed(family, seed)` (a hash, about 20%
+  of seeds); training draws only the other seeds;
+* families: `HELDOUT_FAMILIES` never appear in training splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from terminal_rsi.tasks.builtin.core import Family, Instance, hygiene_checks
+from terminal_rsi.tasks.builtin.families import FAMILIES as _FAMILIES
+from terminal_rsi.tasks.spec import Environment, Metadata, Task, VerifierSpec
+
+FAMILIES: dict[str, Family] = {f.name: f for f in _FAMILIES}
+HELDOUT_FAMILIES: tuple[str, ...] = ("column_sum", "archive", "dir_hunt")
+TRAIN_FAMILIES: tuple[str, ...] = tuple(n for n in FAMILIES if n not in HELDOUT_FAMILIES)
+HELDOUT_SEED_PERCENT = 20
+VERIFIER_TIMEOUT_S = 60.0
+
+
+def heldout_seed(family: str, seed: int) -> bool:
+    """True for the ~20% of instance seeds reserved for held-out evaluation."""
+    h = hashlib.sha256(f"{family}:{int(seed)}".encode()).digest()
+    return int.from_bytes(h[:4], "big") % 100 < HELDOUT_SEED_PERCENT
+
+
+def instance(family: str, seed: int) -> Instance:
+    """The instance of `family` for `seed` (deterministic)."""
+    if family not in FAMILIES:
+        raise KeyError(f"unknown built-in family {family!r}; known: {sorted(FAMILIES)}")
+    rng = random.Random(f"{family}:{int(seed)}")
+    return FAMILIES[family].generate(rng)
+
+
+def make_task(family: str, seed: int) -> Task:
+    """A `Task` for one built-in instance; its verifier is the built-in CTRF emitter."""
+    fam = FAMILIES.get(family)
+    if fam is None:
+        raise KeyError(f"unknown built-in family {family!r}; known: {sorted(FAMILIES)}")
+    inst = instance(family, seed)
+    check = BuiltinCheck(family, int(seed))
+    n_checks = len(inst.checks(_EmptySnapshot(), _no_run))
+    return Task(
+        id=f"{family}/{seed}",
+        family=family,
+        instruction=inst.instruction,
+        environment=Environment(files=inst.files, modes=inst.modes),
+        verifier=VerifierSpec(kind="builtin", mode="separate", timeout_s=VERIFIER_TIMEOUT_S,
+                              check=check),
+        solution=tuple(tuple(t) for t in inst.solution),
+        agent_timeout_s=120.0,
+        metadata=Metadata(difficulty=fam.difficulty, category=fam.category,
+                          tags=("builtin", f"turns:{fam.turns}")),
+        expected_checks=n_checks,
+        turns=fam.turns,
+        format="builtin",
+        seed=int(seed),
+    )
+
+
+class BuiltinCheck:
+    """The protected check of one built-in instance: the family's checks plus hygiene.
+
+    Pickles as (family, seed) and regenerates the instance where it runs, so built-in tasks
+    can be sent to other processes.
+    """
+
+    def __init__(self, family: str, seed: int):
+        self.family, self.seed = family, seed
+        self._inst: Instance | None = None
+
+    def __call__(self, snapshot, run):
+        if self._inst is None:
+            self._inst = instance(self.family, self.seed)
+        return self._inst.checks(snapshot, run) + hygiene_checks(snapshot, self._inst)
+
+    def __reduce__(self):
+        return (BuiltinCheck, (self.family, self.seed))
+
+    def __repr__(self):
+        return f"BuiltinCheck({self.family!r}, {self.seed})"
+
+
+def partial_solution(task: Task) -> list[str]:
+    """Commands of a partial solution (tests: passes some checks but not all)."""
+    return list(instance(task.family, task.seed).partial)
+
+
+def hidden_values(task: Task) -> tuple[str, ...]:
+    """What a multi-turn task's agent must read in the sandbox (absent from the instruction)."""
+    return instance(task.family, task.seed).hidden
+
+
+class _EmptySnapshot(dict):
+    """An empty workspace, used only to count a family's checks."""
+
+    def files(self):
+        return {}
+
+    def text(self, path):
+        return None
+
+
+class _NoRun:
+    stdout = ""
+    stderr = ""
+    exit_code = 1
+    timed_out = False
+    ok = False
+
+
+def _no_run(cmd, timeout=0):
+    return _NoRun()
+
+
+__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TRAIN_FAMILIES", "Family", "Instance",
+           "heldout_seed", "hidden_values", "instance", "make_task", "partial_solution"]

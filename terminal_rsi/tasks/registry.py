@@ -1,0 +1,75 @@
+"""Task suites: `get_suite(name, split)` returns an iterator of Tasks.
+
+Suites:
+
+* ``builtin``: the procedural families. Splits: ``train`` (training families, training
+  seeds), ``test`` (training families, held-out seeds), ``heldout_families`` (families
+  training never sees, any seed), ``all`` (every family, every seed).
+* a directory path: Terminal-Bench / Harbor task directories below it (split ``all``).
+
+For built-ins, `n_per_family=None` iterates forever (round-robin over families,
+increasing seeds); an int gives that many instances per family.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Sequence
+
+from terminal_rsi.tasks.spec import Task
+
+SPLITS = ("train", "test", "heldout_families", "all")
+
+
+def builtin_split(split: str) -> tuple[tuple[str, ...], object]:
+    """(families, seed predicate) for a built-in split."""
+    from terminal_rsi.tasks import builtin as b
+
+    if split == "train":
+        return b.TRAIN_FAMILIES, lambda f, s: not b.heldout_seed(f, s)
+    if split == "test":
+        return b.TRAIN_FAMILIES, b.heldout_seed
+    if split == "heldout_families":
+        return b.HELDOUT_FAMILIES, lambda f, s: True
+    if split == "all":
+        return tuple(b.FAMILIES), lambda f, s: True
+    raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+
+
+def get_suite(name: str, split: str = "train", *, n_per_family: int | None = None,
+              families: Sequence[str] | None = None, start_seed: int = 0) -> Iterator[Task]:
+    """Iterate the tasks of suite `name` and `split` (see module doc)."""
+    if name == "builtin":
+        from terminal_rsi.tasks.builtin import make_task
+
+        fams, keep = builtin_split(split)
+        if families:
+            unknown = set(families) - set(fams)
+            if unknown:
+                raise ValueError(f"families {sorted(unknown)} are not in split {split!r}: "
+                                 f"{list(fams)}")
+            fams = tuple(f for f in fams if f in families)
+        return _builtin_iter(fams, keep, n_per_family, start_seed, make_task)
+    if os.path.isdir(name):
+        if split != "all":
+            raise ValueError(f"a task directory suite has only split 'all', got {split!r}")
+        from terminal_rsi.tasks.harbor import load_task_dirs
+
+        return iter(load_task_dirs(name))
+    raise ValueError(f"unknown suite {name!r}: use 'builtin' or a directory of task dirs")
+
+
+def _builtin_iter(fams, keep, n_per_family, start_seed, make_task) -> Iterator[Task]:
+    counts = dict.fromkeys(fams, 0)
+    seeds = dict.fromkeys(fams, start_seed)
+    for _ in itertools.count():
+        active = [f for f in fams if n_per_family is None or counts[f] < n_per_family]
+        if not active:
+            return
+        for f in active:
+            while not keep(f, seeds[f]):
+                seeds[f] += 1
+            yield make_task(f, seeds[f])
+            seeds[f] += 1
+            counts[f] += 1

@@ -1,0 +1,699 @@
+"""Protected verification (paper §2.1): run V_x on an episode's result, get a CTRF report.
+
+The verifier never exists in the agent's sandbox during the episode. After the episode:
+
+* **separate** mode (default): the declared artifacts (`verifier.artifacts`, the whole
+  workspace by default) are copied out of the agent's sandbox (`get_tar`) into a fresh
+  sandbox (`put_tar`) together with the tests; the verifier runs there. Nothing the
+  agent left running, and no file outside the artifacts, can influence it.
+* **shared** mode: the tests are copied into the agent's own sandbox after it finished
+  (for tasks whose checks need the agent's environment), then removed again.
+
+The tests go to a fresh, randomly named directory `.trsi_verifier_<hex>/` in the
+workspace (`$TEST_DIR`; logs and reports in `$TRSI_LOGS_DIR`); anything of that name
+the agent created is dropped first. Verifier kinds:
+
+* ``pytest``: `python3 -P -m pytest $TEST_DIR --ctrf $TRSI_LOGS_DIR/ctrf.json` with the
+  pytest-json-ctrf plugin (>= 0.6, pinned in setup.py). `-P`, `--rootdir`/`--confcutdir`
+  at the tests directory and `-p no:cacheprovider` keep workspace files (a planted
+  `pytest.py` or `conftest.py`) out of the test run. If the sandbox's python lacks pytest
+  or the plugin, the host's pure-Python pytest runtime is copied in (`pytest_runtime`).
+  S = (exit status == 0).
+* ``script`` (Harbor's tests/test.sh): S comes from `reward.txt` / `reward.json` in
+  `$TRSI_LOGS_DIR` (S = 1{r >= 1}); P and N from `ctrf.json` there if the script wrote one
+  (otherwise the report is invalid and rewards fall back to S).
+* ``builtin``: a Python check function over the artifacts (and commands run in the
+  verifier sandbox); its results are written as a real CTRF document and parsed back.
+
+Every report goes through `terminal_rsi.rewards.parse_ctrf`. A verifier that runs past
+its timeout, is killed, crashes (pytest internal/usage error, no report and no reward
+where one is required) or whose sandbox fails raises `VerifierError`, which is not a
+score of 0: the episode has no verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import posixpath
+import tarfile
+import tempfile
+import time
+import types
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from terminal_rsi.rewards import (
+    DEFAULT_HYGIENE,
+    HygieneRule,
+    VerificationReport,
+    parse_ctrf,
+    success_from_exit_code,
+    success_from_reward,
+)
+from terminal_rsi.tasks.spec import EnvironmentUnavailable, Task
+
+VERIFIER_DIR_PREFIX = ".trsi_verifier"
+MIN_CTRF_VERSION = (0, 6)
+# pytest exit codes: 0 ok, 1 tests failed, 2 interrupted/collection errors, 3 internal
+# error, 4 usage error, 5 no tests collected. 3 and 4 mean the verifier itself is broken.
+PYTEST_CRASH_CODES = (3, 4)
+
+
+class VerifierError(RuntimeError):
+    """The verifier produced no verdict (timeout, crash, infrastructure failure).
+
+    Distinct from a score of 0: the episode must be re-verified or dropped, never rewarded.
+
+    Attributes:
+      kind: "timeout", "crash" or "infrastructure".
+      artifacts: whatever the verifier left (stdout/stderr, partial report).
+    """
+
+    def __init__(self, kind: str, message: str, artifacts: Mapping[str, bytes] | None = None):
+        self.kind = kind
+        self.artifacts = dict(artifacts or {})
+        super().__init__(f"verifier {kind}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerificationResult:
+    """One verifier run.
+
+    Attributes:
+      report: the parsed VerificationReport (P, N, S, validity).
+      exit_code: the verifier command's exit status (None for builtin checks).
+      reward: Harbor's terminal reward r, if the task wrote one.
+      ctrf: the CTRF document, if one was produced.
+      artifacts: raw files: "ctrf.json", "stdout.txt", "stderr.txt", "reward.txt"/"reward.json".
+      mode: "separate" or "shared".
+      duration_s: wall time of the whole verification (sandbox start included).
+    """
+
+    task_id: str
+    family: str
+    report: VerificationReport
+    exit_code: int | None
+    reward: float | None
+    ctrf: dict | None
+    artifacts: Mapping[str, bytes]
+    mode: str
+    duration_s: float
+
+    @property
+    def S(self) -> int:  # noqa: N802
+        return self.report.S
+
+    @property
+    def P(self) -> int:  # noqa: N802
+        return self.report.P
+
+    @property
+    def N(self) -> int:  # noqa: N802
+        return self.report.N
+
+
+# ----------------------------------------------------------------------------- sandboxes
+
+DEFAULT_BACKEND = "local"
+
+
+def _spec_for(task: Task, image: str | None):
+    from terminal_rsi.sandbox import SandboxSpec
+
+    env = task.environment
+    kw: dict[str, Any] = {"env": dict(env.env), "network": bool(env.network)}
+    if image:
+        kw["image"] = image
+    if env.memory_mb:
+        kw["memory_mb"] = int(env.memory_mb)
+    if env.storage_mb:
+        kw["disk_mb"] = int(min(env.storage_mb, 4096))
+    if env.cpus:
+        kw["cpus"] = float(env.cpus)
+    return SandboxSpec(**kw)
+
+
+_image_cache: dict[tuple[str, str], str] = {}
+
+
+def task_image(task: Task, backend: str) -> str | None:
+    """The image a task runs in on `backend` (None: the backend's default).
+
+    Docker: a task Dockerfile is built offline on top of the default sandbox image; an image
+    that is neither present nor buildable here raises EnvironmentUnavailable. Local
+    backends have no images: the workspace files and the Dockerfile's RUN steps are
+    reproduced on the host userland instead (see `open_task_sandbox`).
+    """
+    env = task.environment
+    if backend != "docker":
+        return None
+    from terminal_rsi.sandbox import image as image_mod
+
+    if env.dockerfile is None:
+        if env.image:
+            _require_image(task, env.image)
+        return env.image
+    key = (env.dockerfile, str(os.path.getmtime(env.dockerfile)))
+    if key in _image_cache:
+        return _image_cache[key]
+    base = env.base_image or ""
+    tag = "trsi-task-" + "".join(c if c.isalnum() else "-" for c in task.id.lower())[:60] \
+        + ":latest"
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        if base != image_mod.DEFAULT_IMAGE:
+            try:
+                client.images.get(base)
+            except docker.errors.ImageNotFound:
+                raise EnvironmentUnavailable(
+                    f"task {task.id}: its Dockerfile starts FROM {base!r}, which is not "
+                    "present on this Docker engine and cannot be pulled here (no registry "
+                    f"access). Build or load {base!r} first, or base the task on "
+                    f"{image_mod.DEFAULT_IMAGE}") from None
+        image_mod.build_task_image(os.path.dirname(env.dockerfile), tag,
+                                   dockerfile=os.path.basename(env.dockerfile))
+    except EnvironmentUnavailable:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise EnvironmentUnavailable(
+            f"task {task.id}: its environment image cannot be built here: {e}") from e
+    _image_cache[key] = tag
+    return tag
+
+
+def _require_image(task: Task, tag: str) -> None:
+    import docker
+
+    try:
+        docker.from_env(timeout=30).images.get(tag)
+    except docker.errors.ImageNotFound:
+        raise EnvironmentUnavailable(
+            f"task {task.id}: its environment is the image {tag!r}, which is not present on "
+            "this Docker engine and cannot be pulled here (no registry access); load it with "
+            "`docker load` first") from None
+    except docker.errors.DockerException:
+        pass  # engine problems surface as InfrastructureError when the sandbox starts
+
+
+def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, **sandbox_kwargs):
+    """Start the agent's sandbox for `task`: seeded workspace, environment setup done.
+
+    Raises EnvironmentUnavailable (plainly worded) if the environment cannot be
+    reproduced on this backend: a docker-compose setup, Dockerfile steps a local sandbox
+    cannot do, a RUN step that fails on the local host userland, or an image that is
+    neither present nor buildable.
+    """
+    from terminal_rsi.sandbox import open_sandbox
+
+    env = task.environment
+    if env.compose_file:
+        raise EnvironmentUnavailable(
+            f"task {task.id}: its environment is a docker-compose setup ({env.compose_file}); "
+            "multi-container environments are not supported by terminal_rsi sandboxes")
+    image = task_image(task, backend)
+    local = backend != "docker" and not backend.startswith(("http://", "https://"))
+    if local and env.image and env.dockerfile is None:
+        raise EnvironmentUnavailable(
+            f"task {task.id}: its environment is the image {env.image!r}; local sandboxes "
+            "run on the host's userland and cannot provide it. Use backend='docker' on a "
+            "host that has the image")
+    if local and env.unsupported:
+        raise EnvironmentUnavailable(
+            f"task {task.id}: its Dockerfile has steps a local sandbox cannot reproduce: "
+            + "; ".join(env.unsupported) + ". Use backend='docker'")
+    sb = open_sandbox(_spec_for(task, image), backend=backend, **sandbox_kwargs)
+    try:
+        # The workspace stands in for WORKDIR on every backend: COPY'd files are seeded into
+        # it (on Docker they also stay where the image build put them).
+        seed_files(sb, env.files, env.modes)
+        if local:
+            for cmd in env.setup:
+                r = sb.exec(cmd, timeout=max(60.0, task.agent_timeout_s))
+                if not r.ok:
+                    raise EnvironmentUnavailable(
+                        f"task {task.id}: Dockerfile step `RUN {cmd}` fails in a local "
+                        f"sandbox (exit {r.exit_code}): {r.stderr.strip()[-500:]}. The "
+                        "environment needs its image: use backend='docker'")
+    except BaseException:
+        sb.close()
+        raise
+    return sb
+
+
+def seed_files(sb, files: Mapping[str, bytes], modes: Mapping[str, int] | None = None) -> None:
+    """Put files into a sandbox workspace, with per-file modes (default 0o644)."""
+    modes = modes or {}
+    by_mode: dict[int, dict[str, bytes]] = {}
+    for path, data in files.items():
+        by_mode.setdefault(modes.get(path, 0o644), {})[path] = data
+    for mode, group in sorted(by_mode.items()):
+        sb.put_files(group, mode=mode)
+
+
+def run_solution(task: Task, sb, *, timeout: float | None = None) -> list[list[Any]]:
+    """Run the reference solution turn by turn; returns the ExecResults per turn."""
+    out = []
+    for turn in task.solution:
+        results = []
+        for cmd in turn:
+            results.append(sb.exec(cmd, timeout=timeout or task.agent_timeout_s))
+        out.append(results)
+    return out
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+
+def _filter_tar(data: bytes, drop_prefix: str) -> bytes:
+    """Drop members under `drop_prefix*` (stale verifier dirs planted by the agent)."""
+    src = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
+    buf = io.BytesIO()
+    with src, tarfile.open(fileobj=buf, mode="w") as dst:
+        for m in src.getmembers():
+            top = posixpath.normpath(m.name).split("/", 1)[0]
+            if top.startswith(drop_prefix):
+                continue
+            dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+    return buf.getvalue()
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    data: bytes
+    mode: int
+    kind: str  # "file", "dir", "symlink"
+    target: str = ""
+
+
+class Snapshot(Mapping):
+    """The workspace artifacts as {relative path: FileEntry} (directories included)."""
+
+    def __init__(self, entries: Mapping[str, FileEntry]):
+        self._e = types.MappingProxyType(dict(entries))
+        self._files = types.MappingProxyType(
+            {k: v.data for k, v in self._e.items() if v.kind == "file"})
+
+    @classmethod
+    def from_tar(cls, data: bytes, strip: str = "") -> Snapshot:
+        entries = {}
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            for m in tf.getmembers():
+                name = posixpath.normpath(m.name)
+                if strip and (name == strip or name.startswith(strip + "/")):
+                    name = posixpath.relpath(name, strip)
+                if name == ".":
+                    continue
+                if m.isreg():
+                    f = tf.extractfile(m)
+                    entries[name] = FileEntry(f.read() if f else b"", m.mode & 0o7777, "file")
+                elif m.isdir():
+                    entries[name] = FileEntry(b"", m.mode & 0o7777, "dir")
+                elif m.issym():
+                    entries[name] = FileEntry(b"", m.mode & 0o7777, "symlink", m.linkname)
+        return cls(entries)
+
+    def __getitem__(self, key):
+        return self._e[key]
+
+    def __iter__(self):
+        return iter(self._e)
+
+    def __len__(self):
+        return len(self._e)
+
+    def files(self) -> Mapping[str, bytes]:
+        """{path: bytes} of the regular files (read-only view)."""
+        return self._files
+
+    def text(self, path: str) -> str | None:
+        e = self._e.get(path)
+        if e is None or e.kind != "file":
+            return None
+        return e.data.decode("utf-8", errors="replace")
+
+
+def collect_artifacts(task: Task, sb) -> bytes:
+    """The declared artifacts of the agent's sandbox as one tar stream (stale verifier
+    directories removed)."""
+    paths = task.verifier.artifacts or (".",)
+    if paths == (".",):
+        return _filter_tar(sb.get_tar("."), VERIFIER_DIR_PREFIX)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as dst:
+        for p in paths:
+            try:
+                data = sb.get_tar(p)
+            except Exception:  # noqa: BLE001 - a missing artifact is the agent's failure
+                continue
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as src:
+                for m in src.getmembers():
+                    dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+    return _filter_tar(buf.getvalue(), VERIFIER_DIR_PREFIX)
+
+
+# ----------------------------------------------------------------------------- pytest runtime
+
+_RUNTIME_DISTS = ("pytest", "pytest-json-ctrf")
+_runtime_tar: bytes | None = None
+_probe_cache: dict[tuple[str, str], bool] = {}
+
+
+def ctrf_plugin_version() -> tuple[int, ...]:
+    import importlib.metadata as md
+
+    v = md.version("pytest-json-ctrf")
+    return tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
+
+
+def pytest_runtime_tar() -> bytes:
+    """The host's pytest + pytest-json-ctrf (and their runtime requirements) as a tar of a
+    site-packages directory, for sandboxes whose python lacks them (pure Python; cached)."""
+    global _runtime_tar
+    if _runtime_tar is not None:
+        return _runtime_tar
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    if ctrf_plugin_version() < MIN_CTRF_VERSION:
+        raise VerifierError("infrastructure", "pytest-json-ctrf >= 0.6 is required on the host "
+                            "(pip install 'pytest-json-ctrf>=0.6,<0.7')")
+    seen: set[str] = set()
+    todo = list(_RUNTIME_DISTS)
+    files: dict[str, bytes] = {}
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        dist = md.distribution(name)
+        for req in dist.requires or ():
+            r = Requirement(req)
+            if r.marker is None or r.marker.evaluate({"extra": ""}):
+                todo.append(r.name)
+        for f in dist.files or ():
+            rel = str(f).replace(os.sep, "/")
+            if rel.startswith("..") or "__pycache__" in rel or rel.endswith(".pyc"):
+                continue
+            path = f.locate()
+            if os.path.isfile(path):
+                with open(path, "rb") as fh:
+                    files[rel] = fh.read()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for rel, data in sorted(files.items()):
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = 0o644
+            tf.addfile(info, io.BytesIO(data))
+    _runtime_tar = buf.getvalue()
+    return _runtime_tar
+
+
+_PROBE = ("python3 -c 'import importlib.metadata as m, sys; "
+          "v = tuple(int(x) for x in m.version(\"pytest-json-ctrf\").split(\".\")[:2]); "
+          "import pytest; sys.exit(0 if v >= (0, 6) else 1)'")
+
+
+def _needs_runtime(sb, backend: str, image: str | None, policy: str) -> bool:
+    if policy == "inject":
+        return True
+    if policy == "sandbox":
+        return False
+    key = (backend, image or "")
+    if key not in _probe_cache:
+        _probe_cache[key] = not sb.exec(_PROBE, timeout=30).ok
+    return _probe_cache[key]
+
+
+# ----------------------------------------------------------------------------- CTRF emitter
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """One check of a built-in verifier. Hygiene checks are tagged and excluded from P/N."""
+
+    name: str
+    passed: bool
+    hygiene: bool = False
+    message: str = ""
+
+
+def ctrf_document(checks: list[CheckResult], *, tool: str = "terminal_rsi.builtin",
+                  start_ms: int | None = None, stop_ms: int | None = None) -> dict:
+    """A CTRF 1.0.0 report (the current spec shape) of `checks`."""
+    now = int(time.time() * 1000)
+    start_ms = now if start_ms is None else start_ms
+    stop_ms = now if stop_ms is None else stop_ms
+    tests = []
+    for c in checks:
+        t = {"name": c.name, "status": "passed" if c.passed else "failed", "duration": 0,
+             "tags": ["hygiene"] if c.hygiene else []}
+        if c.message and not c.passed:
+            t["message"] = c.message
+        tests.append(t)
+    n_pass = sum(c.passed for c in checks)
+    return {
+        "reportFormat": "CTRF",
+        "specVersion": "1.0.0",
+        "reportId": str(uuid.uuid4()),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start_ms / 1000)),
+        "generatedBy": tool,
+        "results": {
+            "tool": {"name": tool},
+            "summary": {"tests": len(checks), "passed": n_pass, "failed": len(checks) - n_pass,
+                        "skipped": 0, "pending": 0, "other": 0, "start": start_ms,
+                        "stop": stop_ms},
+            "tests": tests,
+        },
+    }
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+def _encode(s: str) -> bytes:
+    return s.encode("utf-8", errors="replace")
+
+
+def verify(
+    task: Task,
+    sb,
+    *,
+    backend: str = DEFAULT_BACKEND,
+    mode: str | None = None,
+    hygiene: HygieneRule = DEFAULT_HYGIENE,
+    pytest_runtime: str = "auto",
+    sandbox_kwargs: Mapping[str, Any] | None = None,
+) -> VerificationResult:
+    """Run task's protected verifier on the finished agent sandbox `sb`.
+
+    Args:
+      task: the task.
+      sb: the agent's sandbox after the episode (read only in separate mode).
+      backend: backend for the fresh verifier sandbox (separate mode).
+      mode: override the task's verifier mode ("separate" / "shared").
+      hygiene: which checks are hygiene checks (excluded from P and N).
+      pytest_runtime: "auto" (copy the host's pytest in if the sandbox python lacks it),
+        "inject" (always), or "sandbox" (never).
+      sandbox_kwargs: extra arguments for the verifier sandbox (e.g. base_dir).
+
+    Returns:
+      A VerificationResult whose report came through `parse_ctrf`.
+
+    Raises:
+      VerifierError: timeout, crash or infrastructure failure (no verdict; not a 0).
+    """
+    from terminal_rsi.sandbox import SandboxError, open_sandbox
+
+    t0 = time.monotonic()
+    ver = task.verifier
+    mode = mode or ver.mode
+    if mode not in ("separate", "shared"):
+        raise ValueError(f"verifier mode {mode!r}; choose separate or shared")
+    vdir = f"{VERIFIER_DIR_PREFIX}_{uuid.uuid4().hex[:12]}"
+    test_dir, logs_dir = f"{vdir}/tests", f"{vdir}/logs"
+    owned = None
+    try:
+        artifacts = collect_artifacts(task, sb)
+        image = task_image(task, backend)
+
+        def verifier_sandbox():
+            nonlocal owned
+            if mode == "shared":
+                return sb
+            if owned is None:
+                owned = open_sandbox(_spec_for(task, image), backend=backend,
+                                     **dict(sandbox_kwargs or {}))
+                owned.put_tar(artifacts)
+            return owned
+
+        if ver.kind == "builtin":
+            # Checks read the artifacts directly; a sandbox is started only for commands.
+            result = _verify_builtin(task, verifier_sandbox, artifacts, hygiene)
+        else:
+            vsb = verifier_sandbox()
+            if mode == "shared":
+                vsb.exec(f"rm -rf ./{VERIFIER_DIR_PREFIX}*", timeout=30)
+            result = _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir,
+                                     hygiene, pytest_runtime)
+        return dataclasses.replace(result, mode=mode, duration_s=time.monotonic() - t0)
+    except SandboxError as e:
+        raise VerifierError("infrastructure", f"task {task.id}: sandbox failure during "
+                            f"verification: {e}") from e
+    finally:
+        if owned is not None:
+            owned.close()
+        elif mode == "shared":
+            try:
+                sb.exec(f"rm -rf ./{vdir}", timeout=30)
+            except SandboxError:
+                pass
+
+
+def _verify_builtin(task: Task, get_sandbox, artifacts: bytes, hygiene: HygieneRule):
+    snapshot = Snapshot.from_tar(artifacts)
+
+    def run(cmd: str, timeout: float = 30.0):
+        r = get_sandbox().exec(cmd, timeout=min(timeout, task.verifier.timeout_s))
+        return r
+
+    start = int(time.time() * 1000)
+    try:
+        checks = list(task.verifier.check(snapshot, run))
+    except VerifierError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a broken check is a verifier crash, not a 0
+        raise VerifierError("crash", f"task {task.id}: built-in check raised "
+                            f"{type(e).__name__}: {e}") from e
+    if not checks:
+        raise VerifierError("crash", f"task {task.id}: built-in verifier returned no checks")
+    doc = ctrf_document(checks, start_ms=start, stop_ms=int(time.time() * 1000))
+    raw = json.dumps(doc, indent=1).encode()
+    terminal = all(c.passed for c in checks)
+    report = parse_report_bytes(raw, terminal_success=terminal, hygiene=hygiene)
+    return VerificationResult(task.id, task.family, report, None, None, doc,
+                              types.MappingProxyType({"ctrf.json": raw}), "", 0.0)
+
+
+def parse_report_bytes(raw: bytes, *, terminal_success: bool | None,
+                       hygiene: HygieneRule = DEFAULT_HYGIENE) -> VerificationReport:
+    """Parse a CTRF report's bytes through `parse_ctrf`'s file path (size limit, UTF-8,
+    JSON without NaN or duplicate keys, shape, counts), as a verifier's report file."""
+    fd, path = tempfile.mkstemp(prefix="trsi-ctrf-", suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        report = parse_ctrf(path, terminal_success=terminal_success, hygiene=hygiene)
+    finally:
+        os.unlink(path)
+    return dataclasses.replace(report, source=None)
+
+
+def _read(vsb, path: str) -> bytes | None:
+    try:
+        return vsb.get_file(path)
+    except Exception:  # noqa: BLE001 - missing file
+        return None
+
+
+def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene,
+                    pytest_runtime):
+    ver = task.verifier
+    files = {f"{test_dir}/{p}": d for p, d in ver.files.items()}
+    files[f"{logs_dir}/.keep"] = b""
+    vsb.put_files(files, mode=0o755)
+    pythonpath = ""
+    # Script verifiers (Harbor's test.sh) usually run pytest too: same runtime rule.
+    if _needs_runtime(vsb, backend, image, pytest_runtime):
+        vsb.put_tar(pytest_runtime_tar(), dest=f"{vdir}/pylib")
+        pythonpath = f"{vsb.workdir}/{vdir}/pylib"
+    if ver.kind == "pytest":
+        command = (f'python3 -P -m pytest -q -p no:cacheprovider --rootdir="$TEST_DIR" '
+                   f'--confcutdir="$TEST_DIR" --ctrf "$TRSI_LOGS_DIR/ctrf.json" '
+                   f'{ver.command} "$TEST_DIR"')
+    else:
+        command = ver.command
+    env = {"TEST_DIR": f"{vsb.workdir}/{test_dir}", "TRSI_LOGS_DIR": f"{vsb.workdir}/{logs_dir}",
+           "TRSI_WORKSPACE": vsb.workdir, "PYTHONDONTWRITEBYTECODE": "1", **dict(ver.env)}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    r = vsb.exec(command, timeout=ver.timeout_s, env=env)
+    arts = {"stdout.txt": _encode(r.stdout), "stderr.txt": _encode(r.stderr)}
+    ctrf_raw = _read(vsb, f"{logs_dir}/ctrf.json")
+    if ctrf_raw is not None:
+        arts["ctrf.json"] = ctrf_raw
+    reward_raw = None
+    for name in ("reward.txt", "reward.json"):
+        raw = _read(vsb, f"{logs_dir}/{name}")
+        if raw is not None:
+            arts[name] = raw
+            reward_raw = (name, raw)
+            break
+    arts = types.MappingProxyType(arts)
+    if r.timed_out:
+        raise VerifierError("timeout", f"task {task.id}: the verifier ran past its "
+                            f"{ver.timeout_s:g} s timeout", arts)
+    if r.exit_code < 0:
+        raise VerifierError("crash", f"task {task.id}: the verifier was killed by signal "
+                            f"{-r.exit_code}", arts)
+    reward = None
+    if ver.kind == "pytest":
+        if r.exit_code in PYTEST_CRASH_CODES or ctrf_raw is None:
+            raise VerifierError("crash", f"task {task.id}: pytest exited {r.exit_code} "
+                                f"{'without a CTRF report' if ctrf_raw is None else ''}: "
+                                f"{(r.stdout + r.stderr).strip()[-800:]}", arts)
+        terminal = success_from_exit_code(r.exit_code)
+    else:
+        if reward_raw is None:
+            raise VerifierError("crash", f"task {task.id}: the verifier script exited "
+                                f"{r.exit_code} without writing reward.txt or reward.json: "
+                                f"{(r.stdout + r.stderr).strip()[-800:]}", arts)
+        reward = _parse_reward(*reward_raw)
+        if reward is None:
+            raise VerifierError("crash", f"task {task.id}: unreadable {reward_raw[0]}: "
+                                f"{reward_raw[1][:200]!r}", arts)
+        terminal = success_from_reward(reward)
+    ctrf_obj = None
+    if ctrf_raw is not None:
+        report = parse_report_bytes(ctrf_raw, terminal_success=terminal, hygiene=hygiene)
+        if report.valid:
+            ctrf_obj = json.loads(ctrf_raw)
+    else:
+        report = VerificationReport.invalid("the verifier wrote no CTRF report (ctrf.json)",
+                                            terminal_success=terminal)
+    return VerificationResult(task.id, task.family, report, r.exit_code, reward, ctrf_obj,
+                              arts, "", 0.0)
+
+
+def _parse_reward(name: str, raw: bytes) -> float | None:
+    text = raw.decode("utf-8", errors="replace").strip()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, Mapping):
+        value = value.get("reward")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def run_reference(task: Task, *, backend: str = DEFAULT_BACKEND,
+                  sandbox_kwargs: Mapping[str, Any] | None = None,
+                  attempt: Callable[[Any], Any] | None = None, **verify_kwargs
+                  ) -> VerificationResult:
+    """Open the task's sandbox, run `attempt(sb)` (default: the reference solution), verify."""
+    with open_task_sandbox(task, backend, **dict(sandbox_kwargs or {})) as sb:
+        if attempt is None:
+            run_solution(task, sb)
+        else:
+            attempt(sb)
+        return verify(task, sb, backend=backend, sandbox_kwargs=sandbox_kwargs, **verify_kwargs)
