@@ -14,6 +14,7 @@ from terminal_rsi.rewards.ctrf import (
     ReportError,
     VerificationReport,
     parse_ctrf,
+    parse_reward_value,
     success_from_exit_code,
     success_from_reward,
     success_from_reward_file,
@@ -84,4 +85,5 @@ __all__ = [
     "success_from_exit_code",
     "success_from_reward",
     "success_from_reward_file",
+    "parse_reward_value",
 ]

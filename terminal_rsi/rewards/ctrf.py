@@ -180,23 +180,31 @@ def success_from_exit_code(code: int | None) -> bool | None:
     return int(code) == 0
 
 
-def success_from_reward_file(path: str | os.PathLike) -> bool | None:
-    """Read a Harbor-style terminal reward file (`reward.txt` with a number, or JSON with a
-    numeric "reward" field) and return S = 1{r >= 1}; None if missing or unreadable."""
+def parse_reward_value(text: str | bytes) -> float | None:
+    """The terminal reward in a Harbor-style reward file's contents: a bare number
+    (`reward.txt`) or JSON with a numeric "reward" field (`reward.json`); None if neither."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    try:
-        value = json.loads(text)
+        value = json.loads(text.strip())
     except ValueError:
         return None
     if isinstance(value, Mapping):
         value = value.get("reward")
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return success_from_reward(value)
+        return float(value)
     return None
+
+
+def success_from_reward_file(path: str | os.PathLike) -> bool | None:
+    """Read a Harbor-style terminal reward file (`reward.txt` with a number, or JSON with a
+    numeric "reward" field) and return S = 1{r >= 1}; None if missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return success_from_reward(parse_reward_value(text))
 
 
 def _terminal(terminal_success: Any) -> tuple[bool, bool]:

@@ -167,6 +167,17 @@ class OutputCap:
                 + tail.decode("utf-8", errors="replace"))
 
 
+MAX_EXEC_TIMEOUT_S = 24 * 3600
+
+
+def check_exec_args(command: Any, timeout: Any) -> None:
+    """Reject a malformed exec request with BadRequest (shared by every backend)."""
+    if not isinstance(command, str):
+        raise BadRequest("command must be a string")
+    if not (isinstance(timeout, int | float) and 0 < timeout <= MAX_EXEC_TIMEOUT_S):
+        raise BadRequest(f"timeout must be in (0, {MAX_EXEC_TIMEOUT_S}] seconds, got {timeout!r}")
+
+
 def safe_relpath(path: str) -> str:
     """Normalize a workspace-relative path; reject absolute paths and `..` escapes."""
     if not isinstance(path, str) or not path or "\0" in path:

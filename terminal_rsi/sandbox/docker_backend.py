@@ -37,6 +37,7 @@ from terminal_rsi.sandbox.base import (
     OutputCap,
     Sandbox,
     SandboxSpec,
+    check_exec_args,
     check_tar,
     safe_relpath,
 )
@@ -259,10 +260,7 @@ class DockerSandbox(Sandbox):
 
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
              cwd: str | None = None) -> ExecResult:
-        if not isinstance(command, str):
-            raise BadRequest("command must be a string")
-        if not (isinstance(timeout, (int, float)) and 0 < timeout <= 24 * 3600):
-            raise BadRequest(f"timeout must be in (0, 86400] seconds, got {timeout!r}")
+        check_exec_args(command, timeout)
         with self._lock:
             self._check_open()
             rel = safe_relpath(cwd) if cwd else "."

@@ -51,6 +51,7 @@ from terminal_rsi.rewards import (
     HygieneRule,
     VerificationReport,
     parse_ctrf,
+    parse_reward_value,
     success_from_exit_code,
     success_from_reward,
 )
@@ -656,7 +657,7 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
             raise VerifierError("crash", f"task {task.id}: the verifier script exited "
                                 f"{r.exit_code} without writing reward.txt or reward.json: "
                                 f"{(r.stdout + r.stderr).strip()[-800:]}", arts)
-        reward = _parse_reward(*reward_raw)
+        reward = parse_reward_value(reward_raw[1])
         if reward is None:
             raise VerifierError("crash", f"task {task.id}: unreadable {reward_raw[0]}: "
                                 f"{reward_raw[1][:200]!r}", arts)
@@ -671,19 +672,6 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
                                             terminal_success=terminal)
     return VerificationResult(task.id, task.family, report, r.exit_code, reward, ctrf_obj,
                               arts, "", 0.0)
-
-
-def _parse_reward(name: str, raw: bytes) -> float | None:
-    text = raw.decode("utf-8", errors="replace").strip()
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(value, Mapping):
-        value = value.get("reward")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def run_reference(task: Task, *, backend: str = DEFAULT_BACKEND,
