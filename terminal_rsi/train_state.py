@@ -119,7 +119,7 @@ def make_update_step(loss_fn: LossFn, state: TrainState | None = None, donate: b
             st.params, st.graphdef, batch)
         updates, opt_state = st.tx.update(grads, st.opt_state, st.params)
         params = optax.apply_updates(st.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
         return st.replace(step=st.step + 1, params=params, opt_state=opt_state), metrics
 
     kwargs = {"donate_argnums": (0,) if donate else ()}
