@@ -131,15 +131,13 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     are float32; fully masked rows give the mean of v (finite) instead of NaN.
     """
     b, length, h, hd = q.shape
-    n_kv = k.shape[2]
     chex.assert_shape(mask, (b, length, k.shape[1]))
-    qg = q.reshape(b, length, n_kv, h // n_kv, hd)
-    scores = jnp.einsum("blkgd,bskd->bkgls", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgls,bskd->blkgd", probs, v)
-    return out.reshape(b, length, h, hd)
+    if h % k.shape[2]:
+        raise ValueError(f"{h} query heads are not a multiple of {k.shape[2]} key/value heads")
+    # jax.nn.dot_product_attention: f32 logits, masked with a large finite negative, softmax
+    # in f32; on GPU/TPU it may pick a fused kernel.
+    return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
+                                        mask=mask[:, None], scale=hd ** -0.5)
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int | None = None,
