@@ -301,6 +301,16 @@ def _get(section, key):
     return getattr(section, key, None) if not hasattr(section, "get") else section.get(key)
 
 
+def distributed_config(enabled: bool = False, coordinator_address: str | None = None,
+                       num_processes: int | None = None, process_id: int | None = None):
+    """The `distributed` config section (see configuration.DISTRIBUTED_SCHEMA)."""
+    import ml_collections
+
+    return ml_collections.ConfigDict({
+        "enabled": enabled, "coordinator_address": coordinator_address,
+        "num_processes": num_processes, "process_id": process_id})
+
+
 def maybe_initialize_distributed(config) -> bool:
     """Call `jax.distributed.initialize` if `config.distributed.enabled`; return whether it ran.
 

@@ -112,3 +112,22 @@ def test_eight_devices_match_one_device():
                             "actor_mu_q": "P('fsdp', 'tensor', None)", "step": "P()"}
     assert out["embed_shards"] == 8
     assert out["hf_spec"] == "P('fsdp', 'tensor')" and out["hf_logit_diff"] < 1e-4
+
+
+def test_distributed_config_section_validates():
+    import ml_collections
+
+    from terminal_rsi.configuration import (
+        BASE_SCHEMA,
+        DISTRIBUTED_SCHEMA,
+        ConfigError,
+        validate_config,
+    )
+
+    cfg = ml_collections.ConfigDict({"experiment": "x", "seed": 0,
+                                     "distributed": shd.distributed_config()})
+    validate_config(cfg, {**BASE_SCHEMA, **DISTRIBUTED_SCHEMA})
+    assert not shd.maybe_initialize_distributed(cfg)
+    cfg.distributed.num_processes = 0
+    with pytest.raises(ConfigError, match="distributed.num_processes"):
+        validate_config(cfg, {**BASE_SCHEMA, **DISTRIBUTED_SCHEMA})
