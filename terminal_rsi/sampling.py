@@ -322,27 +322,32 @@ class Sampler:
         pos0 = carry["pos"]
         cache_ok = (cache["segment_ids"] != 0) & (jnp.arange(s_len)[None, :] < pos0[:, None])
         cols = jnp.arange(n_steps)
+        # Read-only cache in the layouts the attention dots want ([B, K, hd, S] keys,
+        # [B, K, S, hd] values), transposed once per block rather than once per step.
+        cache_kt = [jnp.transpose(lc["k"], (0, 2, 3, 1)) for lc in cache["layers"]]
+        cache_vt = [jnp.transpose(lc["v"], (0, 2, 1, 3)) for lc in cache["layers"]]
 
         def forward(tok, pos, i, blocks, fed):
             """One token per row at `pos` -> (logits [B, V], blocks with column i written)."""
             mask = jnp.concatenate([cache_ok, fed & (cols[None, :] <= i)], axis=1)
             x = jnp.take(bb.embed[...], tok[:, None], axis=0).astype(cfg.jnp_dtype)
             new_blocks = []
-            for layer, lc, (bk, bv) in zip(bb.layers, cache["layers"], blocks, strict=True):
+            for layer, ck, cv, (bk, bv) in zip(bb.layers, cache_kt, cache_vt, blocks,
+                                               strict=True):
                 attn = layer.attn
                 q, k, v = attn.project_qkv(layer.attn_norm(x), pos[:, None])
                 bk = jax.lax.dynamic_update_slice(bk, k.astype(bk.dtype), (0, i, 0, 0))
                 bv = jax.lax.dynamic_update_slice(bv, v.astype(bv.dtype), (0, i, 0, 0))
                 new_blocks.append((bk, bv))
                 qg = q[:, 0].reshape(b, n_kv, group, hd)
-                ck, cv = lc["k"].astype(q.dtype), lc["v"].astype(q.dtype)
+                ck, cv = ck.astype(q.dtype), cv.astype(q.dtype)
                 scores = jnp.concatenate([
-                    jnp.einsum("bkgd,bskd->bkgs", qg, ck, preferred_element_type=jnp.float32),
+                    jnp.einsum("bkgd,bkds->bkgs", qg, ck, preferred_element_type=jnp.float32),
                     jnp.einsum("bkgd,bskd->bkgs", qg, bk.astype(q.dtype),
                                preferred_element_type=jnp.float32)], axis=-1) * hd ** -0.5
                 scores = jnp.where(mask[:, None, None, :], scores, _MASK_VALUE)
                 probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-                out = (jnp.einsum("bkgs,bskd->bkgd", probs[..., :s_len], cv)
+                out = (jnp.einsum("bkgs,bksd->bkgd", probs[..., :s_len], cv)
                        + jnp.einsum("bkgs,bskd->bkgd", probs[..., s_len:], bv.astype(q.dtype)))
                 out = out.reshape(b, 1, cfg.n_heads, hd)
                 x = x + jnp.einsum("blhk,hkd->bld", out, attn.o[...].astype(q.dtype))
