@@ -5,9 +5,8 @@ Measures, in one run, ratios against a baseline:
 1. Greedy decode tokens/s of the KV-cache `Sampler` vs generation without a cache
    (every token recomputes the whole prefix: one jitted full forward over a fixed
    [B, prompt + new] buffer per token), for the `tiny` preset and the `smollm2_135m` shape
-   (random init, no weights), at batch 1 and 16. Decode-only cost per token is
-   (t(1 + N) - t(1)) / N, where t(n) is the wall time of `sample(max_new_tokens=n)`
-   (t(1) = prefill + first token); compile time is excluded (warm-up call first).
+   (random init, no weights), at batch 1 and 16. Decode-only: the Sampler's jitted decode
+   block (16 sample-and-feed steps) is timed on its own, best of 5, compile excluded.
 2. Per-token decode cost at context 128 vs 1024 (batch 1; target: within 1.5x).
 3. Peak temporary memory of log-probabilities over [1, 8192] tokens with vocab 49152
    (d_model 576) chunked (1024) vs unchunked, forward and forward+grad, read from the
@@ -33,7 +32,10 @@ from flax import nnx  # noqa: E402
 
 from terminal_rsi import logprobs as lpm  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
-from terminal_rsi.models.transformer import DecoderLM  # noqa: E402
+from terminal_rsi.models.transformer import (
+    DecoderLM,  # noqa: E402
+    init_cache,  # noqa: E402
+)
 from terminal_rsi.sampling import Buckets, Sampler  # noqa: E402
 
 
@@ -58,20 +60,39 @@ def _prompts(batch, length, vocab, seed=0):
     return rng.integers(0, min(vocab, 256), (batch, length)).tolist()
 
 
-def sampler_decode_cost(cfg, graphdef, params, batch, prompt_len, new, buckets, repeats=1):
-    """(seconds per decode step, tokens/s over the whole call of 1 + new tokens)."""
-    sampler = Sampler(graphdef, cfg, buckets=buckets, decode_block=new)
-    prompts = _prompts(batch, prompt_len, cfg.vocab_size)
-    key = jax.random.key(0)
+def decode_step_cost(cfg, graphdef, params, batch, ctx, s_len, block=16, repeats=5):
+    """Seconds per decode step of the Sampler's jitted decode block (all rows live).
 
-    def run(n):
-        outs = sampler.sample(params, prompts, key, max_new_tokens=n, temperature=0)
-        assert all(len(o.token_ids) == n for o in outs)
+    Times `block` sample-and-feed steps at position `ctx` over a cache of `s_len` slots
+    (first `ctx` slots occupied), carry donated as in `Sampler.sample`; best of `repeats`.
+    Prefill and compilation are excluded.
+    """
+    sampler = Sampler(graphdef, cfg, decode_block=block)
+    # The same function `Sampler.sample` runs per block, with the carry donated as there.
+    fn = jax.jit(sampler._decode_impl, donate_argnums=(1,))
 
-    run(1 + new)  # compile (same buckets for both lengths)
-    t1 = _timed(lambda: run(1), repeats)
-    tn = _timed(lambda: run(1 + new), repeats)
-    return max(tn - t1, 1e-9) / new, batch * (1 + new) / tn
+    def fresh_carry():
+        cache = init_cache(cfg, batch, s_len)
+        cache["segment_ids"] = jnp.broadcast_to(
+            (jnp.arange(s_len) < ctx).astype(jnp.int32), (batch, s_len))
+        return jax.block_until_ready({
+            "cache": cache, "logits": jnp.zeros((batch, cfg.vocab_size), jnp.float32),
+            "pos": jnp.full((batch,), ctx, jnp.int32), "n_gen": jnp.zeros((batch,), jnp.int32),
+            "done": jnp.zeros((batch,), bool), "reason": jnp.zeros((batch,), jnp.int32)})
+
+    consts = {"keys": jax.random.split(jax.random.key(0), batch),
+              "temperature": jnp.zeros((batch,)), "top_p": jnp.ones((batch,)),
+              "top_k": jnp.zeros((batch,), jnp.int32),
+              "max_new": jnp.full((batch,), 10**6, jnp.int32),
+              "max_context": jnp.int32(10**6), "stop_ids": jnp.full((8,), -1, jnp.int32)}
+    jax.block_until_ready(fn(params, fresh_carry(), consts))  # compile
+    best = float("inf")
+    for _ in range(repeats):
+        carry = fresh_carry()
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(params, carry, consts))
+        best = min(best, time.perf_counter() - t0)
+    return best / block
 
 
 def nocache_decode_cost(cfg, graphdef, params, batch, prompt_len, new, steps):
@@ -105,7 +126,8 @@ def decode_table(names, batches, prompt_len, new, nocache_steps):
     for name in names:
         cfg, graphdef, params = _model(name)
         for b in batches:
-            per_tok, _ = sampler_decode_cost(cfg, graphdef, params, b, prompt_len, new, buckets)
+            per_tok = decode_step_cost(cfg, graphdef, params, b, prompt_len,
+                                       buckets.cache(prompt_len + new), block=new)
             base = nocache_decode_cost(cfg, graphdef, params, b, prompt_len, new,
                                        nocache_steps[name])
             rows.append((name, b, b / per_tok, b / base, base / per_tok))
@@ -121,10 +143,10 @@ def context_table(names, new):
         cfg, graphdef, params = _model(name)
         cost = {}
         for ctx in (128, 1024):
-            cost[ctx], _ = sampler_decode_cost(cfg, graphdef, params, 1, ctx, new, buckets,
-                                               repeats=2)
+            cost[ctx] = decode_step_cost(cfg, graphdef, params, 1, ctx,
+                                         buckets.cache(ctx + new), block=new)
         rows.append((name, cost[128] * 1e3, cost[1024] * 1e3, cost[1024] / cost[128],
-                     buckets.cache(128 + 1 + new), buckets.cache(1024 + 1 + new)))
+                     buckets.cache(128 + new), buckets.cache(1024 + new)))
         print(f"  context {name}: {rows[-1]}", flush=True)
     return rows
 
@@ -168,7 +190,7 @@ def main():
     ctx = context_table(names, new=16)
     mem = memory_table()
 
-    print("\n### Decode throughput (greedy, prompt 32, 16 new tokens; decode-only)\n")
+    print("\n### Decode throughput (greedy, context 32, 16-step blocks; decode-only)\n")
     print("| model | batch | KV-cache sampler tok/s | no-cache tok/s | speed-up |")
     print("|---|---:|---:|---:|---:|")
     for name, b, c, n, r in dec:
