@@ -275,18 +275,28 @@ def memory_plan(model_config, mesh_shape: Mapping[str, int], *, critic: bool = F
             "mesh": mesh_shape, "rows": rows}
 
 
-def format_memory_plan(plan: dict, max_rows: int = 12) -> str:
-    """A printable table of `memory_plan` output (largest parameters first)."""
+def format_memory_plan(plan: dict, max_rows: int = 16) -> str:
+    """A printable table of `memory_plan` output; layers are folded into one row per tensor."""
+    import re
+
     gib = 1024 ** 3
+    folded: dict[str, list] = {}
+    for path, shape, spec, nbytes in plan["rows"]:
+        key = re.sub(r"\['layers'\]\[\d+\]", "['layers'][*]", path)
+        row = folded.setdefault(key, [shape, spec, 0, 0])
+        row[2] += 1
+        row[3] += nbytes
     mesh = " x ".join(f"{a}={n}" for a, n in plan["mesh"].items())
     lines = [f"mesh {mesh}: {plan['num_params'] / 1e9:.2f} B parameters",
-             f"{'parameter':58s} {'shape':>20s} {'spec':>28s} {'MiB/dev':>9s}"]
-    for path, shape, spec, nbytes in sorted(plan["rows"], key=lambda r: -r[3])[:max_rows]:
-        lines.append(f"{path[:58]:58s} {str(shape):>20s} {str(tuple(spec)):>28s} "
+             f"{'parameter':44s} {'shape':>16s} {'count':>5s} {'spec':>26s} {'MiB/dev':>9s}"]
+    for key, (shape, spec, count, nbytes) in sorted(folded.items(),
+                                                    key=lambda kv: -kv[1][3])[:max_rows]:
+        lines.append(f"{key[:44]:44s} {str(shape):>16s} {count:5d} {str(tuple(spec)):>26s} "
                      f"{nbytes / 2**20:9.1f}")
-    lines.append(f"{'params per device':>60s}: {plan['params_bytes'] / gib:8.2f} GiB")
-    lines.append(f"{'optimizer per device':>60s}: {plan['opt_bytes'] / gib:8.2f} GiB")
-    lines.append(f"{'total per device':>60s}: {plan['total_bytes'] / gib:8.2f} GiB")
+    lines.append(f"{'params per device':>62s}: {plan['params_bytes'] / gib:8.2f} GiB")
+    lines.append(f"{'optimizer (AdamW mu, nu) per device':>62s}: "
+                 f"{plan['opt_bytes'] / gib:8.2f} GiB")
+    lines.append(f"{'total per device':>62s}: {plan['total_bytes'] / gib:8.2f} GiB")
     return "\n".join(lines)
 
 
@@ -299,6 +309,16 @@ def _get(section, key):
     if isinstance(section, Mapping):
         return section.get(key)
     return getattr(section, key, None) if not hasattr(section, "get") else section.get(key)
+
+
+def distributed_config(enabled: bool = False, coordinator_address: str | None = None,
+                       num_processes: int | None = None, process_id: int | None = None):
+    """The `distributed` config section (see configuration.DISTRIBUTED_SCHEMA)."""
+    import ml_collections
+
+    return ml_collections.ConfigDict({
+        "enabled": enabled, "coordinator_address": coordinator_address,
+        "num_processes": num_processes, "process_id": process_id})
 
 
 def maybe_initialize_distributed(config) -> bool:
@@ -325,3 +345,23 @@ def maybe_initialize_distributed(config) -> bool:
         return False
     jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
     return True
+
+
+def _main(argv=None) -> None:
+    """`python -m terminal_rsi.sharding --model qwen3_27b_class --mesh 1,64,4 [--critic]`."""
+    import argparse
+
+    from terminal_rsi.models.config import get_model_config
+
+    ap = argparse.ArgumentParser(description="per-device parameter/optimizer memory plan")
+    ap.add_argument("--model", default="qwen3_27b_class")
+    ap.add_argument("--mesh", default="1,64,4", help="data,fsdp,tensor sizes")
+    ap.add_argument("--critic", action="store_true")
+    args = ap.parse_args(argv)
+    mesh = dict(zip(MESH_AXES, (int(x) for x in args.mesh.split(",")), strict=True))
+    plan = memory_plan(get_model_config(args.model), mesh, critic=args.critic)
+    print(format_memory_plan(plan))
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,5 +1,6 @@
 """Mesh shapes, logical-axis rules, memory plan, multi-host hook, and the 8-device check."""
 
+import atexit
 import json
 import math
 import os
@@ -14,6 +15,21 @@ from terminal_rsi import sharding as shd
 from terminal_rsi.models.config import ModelConfig, get_model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _start_multidevice_check():
+    """Start the 8-device check at collection time so it overlaps the other tests (it only
+    needs a second core); `test_eight_devices_match_one_device` collects the result."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "multidevice_check.py")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    atexit.register(lambda: proc.poll() is None and proc.kill())
+    return proc
+
+
+_MULTIDEVICE = _start_multidevice_check()
 
 
 def test_resolve_mesh_shape():
@@ -84,12 +100,9 @@ def test_maybe_initialize_distributed(monkeypatch):
 def test_eight_devices_match_one_device():
     """Actor and critic init + one update on a (2, 2, 2) mesh == one device (1e-5)."""
     pytest.importorskip("safetensors")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "multidevice_check.py")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout, stderr = _MULTIDEVICE.communicate(timeout=600)
+    assert _MULTIDEVICE.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
     for a, b in zip(out["loss_one"], out["loss_eight"], strict=True):
         assert math.isclose(a, b, rel_tol=1e-5), out
     assert out["init_diff"] == 0.0
@@ -99,3 +112,22 @@ def test_eight_devices_match_one_device():
                             "actor_mu_q": "P('fsdp', 'tensor', None)", "step": "P()"}
     assert out["embed_shards"] == 8
     assert out["hf_spec"] == "P('fsdp', 'tensor')" and out["hf_logit_diff"] < 1e-4
+
+
+def test_distributed_config_section_validates():
+    import ml_collections
+
+    from terminal_rsi.configuration import (
+        BASE_SCHEMA,
+        DISTRIBUTED_SCHEMA,
+        ConfigError,
+        validate_config,
+    )
+
+    cfg = ml_collections.ConfigDict({"experiment": "x", "seed": 0,
+                                     "distributed": shd.distributed_config()})
+    validate_config(cfg, {**BASE_SCHEMA, **DISTRIBUTED_SCHEMA})
+    assert not shd.maybe_initialize_distributed(cfg)
+    cfg.distributed.num_processes = 0
+    with pytest.raises(ConfigError, match="distributed.num_processes"):
+        validate_config(cfg, {**BASE_SCHEMA, **DISTRIBUTED_SCHEMA})

@@ -77,7 +77,8 @@ class ModelConfig:
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ModelConfigError(
-                    f"ModelConfig.{name} = {getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")
+                    f"ModelConfig.{name} = {getattr(self, name)!r}; "
+                    f"choose one of {sorted(_DTYPES)}")
 
     @property
     def jnp_param_dtype(self):

@@ -80,6 +80,24 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (y * weight.astype(jnp.float32)).astype(x.dtype)
 
 
+def rotary_angles(positions: jax.Array, head_dim: int, theta: float):
+    """positions [B, L] -> (cos, sin), each [B, L, 1, hd] float32, HF "rotate_half" layout:
+    angles = [pos·inv_freq, pos·inv_freq] (halves concatenated), inv_freq_i = θ^(-2i/hd)."""
+    chex.assert_rank(positions, 2)
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, hd/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, L, 1, hd]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, L, N, hd]: x·cos + rotate_half(x)·sin, rotate_half([a, b]) = [-b, a]."""
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     """Apply rotary embeddings in the HF LLaMA "rotate_half" layout.
 
@@ -88,15 +106,7 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
     out = x·cos(angles) + rotate_half(x)·sin(angles), rotate_half([a, b]) = [-b, a].
     """
     chex.assert_rank(x, 4)
-    chex.assert_rank(positions, 2)
-    hd = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, hd/2]
-    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, L, 1, hd]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    return apply_rotary(x, *rotary_angles(positions, x.shape[-1], theta))
 
 
 def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
@@ -131,15 +141,13 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     are float32; fully masked rows give the mean of v (finite) instead of NaN.
     """
     b, length, h, hd = q.shape
-    n_kv = k.shape[2]
     chex.assert_shape(mask, (b, length, k.shape[1]))
-    qg = q.reshape(b, length, n_kv, h // n_kv, hd)
-    scores = jnp.einsum("blkgd,bskd->bkgls", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgls,bskd->blkgd", probs, v)
-    return out.reshape(b, length, h, hd)
+    if h % k.shape[2]:
+        raise ValueError(f"{h} query heads are not a multiple of {k.shape[2]} key/value heads")
+    # jax.nn.dot_product_attention: f32 logits, masked with a large finite negative, softmax
+    # in f32; on GPU/TPU it may pick a fused kernel.
+    return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
+                                        mask=mask[:, None], scale=hd ** -0.5)
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int | None = None,
@@ -203,8 +211,9 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(c.head_dim, c.norm_eps, pd, rngs=rngs)
             self.k_norm = RMSNorm(c.head_dim, c.norm_eps, pd, rngs=rngs)
 
-    def project_qkv(self, x, positions):
-        """x [B, L, D] -> q [B, L, H, hd], k, v [B, L, K, hd] with rotary applied to q, k."""
+    def project_qkv(self, x, rope):
+        """x [B, L, D], rope = rotary_angles(positions) -> q [B, L, H, hd], k, v [B, L, K, hd]
+        with rotary applied to q and k."""
         c, dt = self.config, self.config.jnp_dtype
         q = jnp.einsum("bld,dhk->blhk", x, self.q[...].astype(dt))
         k = jnp.einsum("bld,dhk->blhk", x, self.k[...].astype(dt))
@@ -215,11 +224,10 @@ class Attention(nnx.Module):
             v = v + self.v_bias[...].astype(dt)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return rotary_embedding(q, positions, c.rope_theta), \
-            rotary_embedding(k, positions, c.rope_theta), v
+        return apply_rotary(q, *rope), apply_rotary(k, *rope), v
 
-    def __call__(self, x, positions, segment_ids, mask, layer_cache=None, slots=None):
-        q, k, v = self.project_qkv(x, positions)
+    def __call__(self, x, rope, mask, layer_cache=None, slots=None):
+        q, k, v = self.project_qkv(x, rope)
         new_cache = None
         if layer_cache is not None:
             new_cache = {"k": _write_cache(layer_cache["k"], k, slots),
@@ -253,9 +261,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps, pd, rngs=rngs)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, positions, segment_ids, mask, layer_cache=None, slots=None):
-        a, new_cache = self.attn(self.attn_norm(x), positions, segment_ids, mask,
-                                 layer_cache, slots)
+    def __call__(self, x, rope, mask, layer_cache=None, slots=None):
+        a, new_cache = self.attn(self.attn_norm(x), rope, mask, layer_cache, slots)
         x = x + a
         return x + self.mlp(self.mlp_norm(x)), new_cache
 
@@ -294,9 +301,10 @@ class Transformer(nnx.Module):
             cache_seg = _write_cache(cache["segment_ids"], segment_ids, slots)
             mask = cache_mask(positions, segment_ids, cache_seg)
             new_cache = {"layers": [], "segment_ids": cache_seg}
+        rope = rotary_angles(positions, self.config.head_dim, self.config.rope_theta)
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache["layers"][i]
-            x, lc = layer(x, positions, segment_ids, mask, layer_cache, slots)
+            x, lc = layer(x, rope, mask, layer_cache, slots)
             if cache is not None:
                 new_cache["layers"].append(lc)
         return self.final_norm(x), new_cache

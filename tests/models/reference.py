@@ -68,7 +68,9 @@ def numpy_hidden(w: dict, cfg: ModelConfig, tokens) -> np.ndarray:
     pos = np.arange(n, dtype=np.float64)
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
-        g = lambda name: w[p + name].astype(np.float64)  # noqa: E731
+        def g(name, p=p):
+            return w[p + name].astype(np.float64)
+
         a = _rms(x, g("input_layernorm.weight"), cfg.norm_eps)
         q = a @ g("self_attn.q_proj.weight").T
         kk = a @ g("self_attn.k_proj.weight").T

@@ -191,9 +191,11 @@ class ValueModelTest(parameterized.TestCase):
         np.testing.assert_allclose(critic(toks[None])[0], want, atol=1e-4)
 
     def test_critic_params_from_actor_pure(self):
-        actor = tf.DecoderLM(CFG, rngs=nnx.Rngs(0))
-        critic = tf.ValueModel(CFG, rngs=nnx.Rngs(1))
-        ap, cp = nnx.to_pure_dict(nnx.state(actor)), nnx.to_pure_dict(nnx.state(critic))
+        from terminal_rsi import sharding as shd
+
+        mesh = shd.make_mesh()
+        _, ap = shd.init_params(tf.DecoderLM, CFG, mesh, seed=0)
+        _, cp = shd.init_params(tf.ValueModel, CFG, mesh, seed=1)
         new = tf.critic_params_from_actor(ap, cp)
         assert jax.tree.structure(new) == jax.tree.structure(cp)
         chex.assert_trees_all_equal(new["backbone"], ap["backbone"])
