@@ -1,5 +1,7 @@
 """Tiny actor/critic states and a toy packed PPO batch for the RPR tests."""
 
+import functools
+
 import numpy as np
 
 from terminal_rsi.models.config import ModelConfig
@@ -10,7 +12,9 @@ TINY = ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, n_kv_heads=
                    head_dim=16, d_ff=64, max_seq_len=64)
 
 
+@functools.cache
 def states(actor_lr=1e-2, critic_lr=1e-2, seed=0):
+    """Cached (compiling the sharded init is slow on CPU): copy before donating."""
     actor = create_train_state(DecoderLM, TINY, OptimizerConfig(actor_lr, grad_clip=1.0),
                                seed=seed)
     critic = create_train_state(ValueModel, TINY, OptimizerConfig(critic_lr, grad_clip=100.0),
@@ -49,3 +53,12 @@ def toy_batch(b=4, length=12, seed=0):
             put(row, 0, min(length - 3, 2 + 3 * row), 1)
     return {"tokens": tokens, "positions": pos, "segment_ids": seg, "gen_mask": gen,
             "turn_ids": turn, "rewards": rewards, "dones": dones}
+
+
+@functools.cache
+def joint_step(num_microbatches=1):
+    """One compiled non-donating RPR step per microbatch count, shared by the test modules."""
+    from terminal_rsi.losses import PPOConfig
+    from terminal_rsi.ppo_step import make_rpr_step
+
+    return make_rpr_step(PPOConfig(), num_microbatches=num_microbatches, donate=False)

@@ -8,7 +8,7 @@ import pytest
 
 from terminal_rsi import ppo_step as ps
 from terminal_rsi.losses import PPOConfig
-from tests.rpr.helpers import states, toy_batch
+from tests.rpr.helpers import joint_step, states, toy_batch
 
 
 def _np(tree):
@@ -21,7 +21,7 @@ def _copy(state):
 
 # Compiled once per module (compilation dominates the test time on CPU).
 LP_FN, V_FN = ps.make_logprob_fn(), ps.make_value_fn()
-JOINT = {m: ps.make_rpr_step(PPOConfig(), num_microbatches=m, donate=False) for m in (1, 2)}
+JOINT = {m: joint_step(m) for m in (1, 2)}
 
 
 @pytest.fixture(scope="module")
