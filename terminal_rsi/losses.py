@@ -11,8 +11,8 @@ batch axis is exact: ∇L = Σ_i ∇total_i / Σ_i denom_i, and `combine_stats` 
 diagnostics (keys ending in `_min` / `_max` reduce by min / max, all others by sum) before
 `finalize_*_stats` turns them into fractions and means.
 
-Aggregation (`Aggregation`, an explicit choice: in a public bug report on levanter-based RL a token-
-vs sample-mean mix-up changed the gradient scale ~10x in a public levanter bug report):
+Aggregation (`Aggregation`) is an explicit choice: a token- vs sample-mean mix-up changed
+the gradient scale ~10x in a public bug report (DESIGN.md, Marin/levanter RL).
 
 - SAMPLE_MEAN (paper default, Eq. 14): E_j[f] = |B|⁻¹ Σ_τ (Σ_j m_τj f_τj)/(Σ_j m_τj).
   Token weights w_j = m_j / n_τ(j) (n_τ = valid tokens of sample τ), total = Σ w f,
