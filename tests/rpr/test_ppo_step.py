@@ -1,0 +1,152 @@
+"""RPR update steps: alignment, exact accumulation, frozen actor, PPO improves the policy."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from terminal_rsi import ppo_step as ps
+from terminal_rsi.losses import PPOConfig
+from tests.rpr.helpers import joint_step, states, toy_batch
+
+
+def _np(tree):
+    return jax.tree.map(lambda x: np.array(x), tree)
+
+
+def _copy(state):
+    return jax.tree.map(jnp.copy, state)
+
+
+# Compiled once per module (compilation dominates the test time on CPU).
+LP_FN, V_FN = ps.make_logprob_fn(), ps.make_value_fn()
+JOINT = {m: joint_step(m) for m in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    actor, critic = states()
+    batch = ps.prepare_ppo_batch(actor, critic, toy_batch(), estimator="tb_gae",
+                                 gamma_turn=0.9, lambda_turn=0.8, logprob_fn=LP_FN,
+                                 value_fn=V_FN)
+    # Non-trivial advantages regardless of the (zero-head) critic.
+    rng = np.random.default_rng(0)
+    batch["advantages"] = jnp.where(batch["gen_mask"], rng.normal(size=batch["gen_mask"].shape),
+                                    0.0).astype(jnp.float32)
+    batch["returns"] = batch["advantages"] + 2.0
+    return actor, critic, batch
+
+
+def test_token_logprobs_alignment_and_packing(setup):
+    """logprob at t scores token t with the logits at t-1; a packed segment gives the same
+    log-probs as the same trajectory alone in its own row."""
+    actor, _, batch = setup
+    lp = np.asarray(LP_FN(actor, batch))
+    model = actor.model()
+    logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+    logits = np.asarray(logits, np.float64)
+    seg = batch["segment_ids"]
+    for b in range(seg.shape[0]):
+        for t in range(seg.shape[1]):
+            if t >= 1 and seg[b, t] != 0 and seg[b, t] == seg[b, t - 1]:
+                row = logits[b, t - 1]
+                want = row[batch["tokens"][b, t]] - np.log(np.exp(row - row.max()).sum()) \
+                    - row.max()
+                np.testing.assert_allclose(lp[b, t], want, rtol=1e-5, atol=1e-5)
+            else:
+                assert lp[b, t] == 0.0
+    # Row 1, segment 2 (columns 5..11) alone in a row.
+    alone = {k: np.zeros_like(np.asarray(batch[k][:1])) for k in ("tokens", "positions",
+                                                                  "segment_ids")}
+    alone["tokens"][0, :7] = batch["tokens"][1, 5:12]
+    alone["positions"][0, :7] = np.arange(7)
+    alone["segment_ids"][0, :7] = 1
+    lp_alone = np.asarray(LP_FN(actor, alone))
+    np.testing.assert_allclose(lp_alone[0, :7], lp[1, 5:12], rtol=1e-5, atol=1e-5)
+
+
+def test_pre_token_values_are_shifted(setup):
+    _, critic, batch = setup
+    v = np.asarray(V_FN(critic, batch))
+    out = np.asarray(critic.model()(batch["tokens"], batch["positions"], batch["segment_ids"]))
+    ok = np.asarray(ps.predictable_mask(jnp.asarray(batch["segment_ids"])))
+    np.testing.assert_allclose(v[:, 1:][ok[:, 1:]], out[:, :-1][ok[:, 1:]], rtol=1e-6)
+    assert np.all(v[~ok] == 0)
+
+
+def test_unit_clock_advantages_are_reward_to_go_minus_value():
+    raw = toy_batch()
+    values = jnp.asarray(np.random.default_rng(1).normal(size=raw["rewards"].shape),
+                         jnp.float32)
+    adv, ret = ps.compute_advantages(values, raw, estimator="gae", gamma=1.0, lam=1.0)
+    adv2, _ = ps.compute_advantages(values, raw, estimator="tb_gae")
+    gen = raw["gen_mask"]
+    for b in range(gen.shape[0]):
+        for t in np.flatnonzero(gen[b]):
+            seg = raw["segment_ids"][b]
+            later = (seg == seg[t]) & (np.arange(len(seg)) >= t)
+            want = raw["rewards"][b][later].sum() - values[b, t]
+            np.testing.assert_allclose(adv[b, t], want, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(adv2[b, t], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret, np.where(gen, adv + values, 0.0), atol=1e-6)
+
+
+def test_two_microbatches_equal_full_batch(setup):
+    """Sample-mean over packed segments (the strict case; token-mean exactness is covered
+    at the loss level in test_losses)."""
+    actor, critic, batch = setup
+    results = {}
+    for m in (1, 2):
+        a, c, metrics = JOINT[m](actor, critic, batch)
+        results[m] = (_np(a.params), _np(c.params), _np(metrics))
+    for i in range(2):
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5),
+                     results[1][i], results[2][i])
+    for k, v in results[1][2].items():
+        np.testing.assert_allclose(results[2][2][k], v, rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def test_critic_only_update_keeps_actor_bit_identical(setup):
+    actor, critic, batch = setup
+    actor, critic = _copy(actor), _copy(critic)
+    before_a, before_c = _np(actor.params), _np(critic.params)
+    step = ps.make_rpr_step(PPOConfig(), update_actor=False)
+    for _ in range(2):
+        actor, critic, metrics = step(actor, critic, batch)
+    jax.tree.map(np.testing.assert_array_equal, before_a, _np(actor.params))
+    assert int(actor.step) == 0 and int(critic.step) == 2
+    assert not any(k.startswith("actor/") for k in metrics)
+    moved = jax.tree.map(lambda x, y: float(np.abs(x - y).max()), before_c, _np(critic.params))
+    assert max(jax.tree.leaves(moved)) > 0
+
+
+def test_ppo_steps_raise_positive_advantage_logprobs_and_fit_critic(setup):
+    actor, critic, batch = setup
+    lp0 = np.asarray(LP_FN(actor, batch))
+    _, _, m0 = JOINT[2](actor, critic, batch)
+    for _ in range(6):
+        actor, critic, metrics = JOINT[2](actor, critic, batch)
+    lp1 = np.asarray(LP_FN(actor, batch))
+    adv, gen = np.asarray(batch["advantages"]), np.asarray(batch["gen_mask"])
+    pos, neg = gen & (adv > 0), gen & (adv < 0)
+    assert (lp1 - lp0)[pos].mean() > 0.05
+    assert (lp1 - lp0)[neg].mean() < -0.05
+    assert float(metrics["actor/ratio_max"]) > 1.0
+    chex.assert_tree_all_finite(metrics)
+    assert float(metrics["critic/loss"]) < float(m0["critic/loss"])
+    assert float(metrics["critic/explained_variance"]) > float(m0["critic/explained_variance"])
+
+
+def test_check_batch_errors(setup):
+    _, _, batch = setup
+    ps.check_batch(batch, ps.ACTOR_KEYS, num_microbatches=2)
+    with pytest.raises(ps.BatchError, match="lacks"):
+        ps.check_batch({"tokens": batch["tokens"]})
+    with pytest.raises(ps.BatchError, match="divisible"):
+        ps.check_batch(batch, ps.ACTOR_KEYS, num_microbatches=3)
+    bad = dict(batch)
+    bad["gen_mask"] = np.array(batch["gen_mask"]).copy()
+    bad["gen_mask"][1, 5] = True  # first token of segment 2
+    with pytest.raises(ps.BatchError, match=r"\[1, 5\]"):
+        ps.check_batch(bad)
