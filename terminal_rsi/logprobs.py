@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from terminal_rsi.models.transformer import default_positions_and_segments
+
 DEFAULT_CHUNK_SIZE = 1024
 
 
@@ -88,12 +90,7 @@ def token_logprobs(params, graphdef: nnx.GraphDef, tokens: jax.Array,
 
     Differentiable with respect to `params`; see `logprobs_from_hidden` for memory.
     """
-    chex.assert_rank(tokens, 2)
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    if segment_ids is None:
-        segment_ids = jnp.ones(tokens.shape, jnp.int32)
-    chex.assert_equal_shape([tokens, positions, segment_ids])
+    positions, segment_ids = default_positions_and_segments(tokens, positions, segment_ids)
     model = nnx.merge(graphdef, params)
     hidden, _ = model.hidden_states(tokens, positions, segment_ids)
     # Position i predicts token i + 1: score the next token, then shift right by one.

@@ -267,7 +267,8 @@ class Block(nnx.Module):
         return x + self.mlp(self.mlp_norm(x)), new_cache
 
 
-def _defaults(tokens, positions, segment_ids):
+def default_positions_and_segments(tokens, positions=None, segment_ids=None):
+    """Fill in positions 0..L-1 and one segment (1) per row where not given; check shapes."""
     chex.assert_rank(tokens, 2)
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
@@ -290,7 +291,7 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens, positions=None, segment_ids=None, cache: Cache | None = None):
         """tokens, positions, segment_ids [B, L] -> (hidden [B, L, D] (final-normed), cache)."""
-        positions, segment_ids = _defaults(tokens, positions, segment_ids)
+        positions, segment_ids = default_positions_and_segments(tokens, positions, segment_ids)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.jnp_dtype)
         slots = new_cache = None
         if cache is None:
