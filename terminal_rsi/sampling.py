@@ -28,9 +28,15 @@ How it runs
   row's last token are kept.
 - Decode: a jitted `lax.while_loop` of up to `decode_block` steps; each step samples one
   token per live row, records its log-probabilities and feeds it back at the row's next
-  position. Rows finish independently (stop token, length, context); finished rows are fed
-  as padding (nothing is written). The loop leaves early once all rows are done. After each
-  block the host checks stop strings and stops when all rows are done.
+  position. Rows finish independently (stop token, length, context); finished rows are not
+  fed. The loop leaves early once all rows are done. Inside a block the cache is read-only
+  (transposed once per block; a transient second copy of the K/V cache): new keys/values
+  go to a [B, decode_block, K, hd] block buffer and are scattered into the cache once per
+  block. The decode step reuses the model's own submodules (embedding, norms,
+  `Attention.project_qkv`, MLP, unembedding); only the attention over cache ∪ block buffer
+  is written here (same math as `transformer.dot_product_attention`; the tests compare it
+  with the uncached model). After each block the host checks stop strings and stops when
+  all rows are done.
 - Shapes come from buckets: batch rounded up to `Buckets.batch_multiple` (and to a power of
   two with `power_of_two`), cache length to `Buckets.cache_multiple` (power of two likewise),
   prompt width to `prefill_chunk`. Jitted functions are compiled once per (batch, cache)
@@ -82,7 +88,7 @@ from flax import nnx
 
 from terminal_rsi.logprobs import logprob_gap_metric, token_logprobs  # noqa: F401 (re-export)
 from terminal_rsi.models.config import ModelConfig
-from terminal_rsi.models.transformer import _MASK_VALUE, Cache, init_cache
+from terminal_rsi.models.transformer import _MASK_VALUE, Cache, init_cache, rotary_angles
 
 __all__ = ["Buckets", "SampleOutput", "Sampler", "SamplerState", "SamplingError", "StopReason",
            "logprob_gap_metric", "sample_tokens", "sampling_logits", "token_logprobs"]
@@ -331,11 +337,12 @@ class Sampler:
             """One token per row at `pos` -> (logits [B, V], blocks with column i written)."""
             mask = jnp.concatenate([cache_ok, fed & (cols[None, :] <= i)], axis=1)
             x = jnp.take(bb.embed[...], tok[:, None], axis=0).astype(cfg.jnp_dtype)
+            rope = rotary_angles(pos[:, None], hd, cfg.rope_theta)
             new_blocks = []
             for layer, ck, cv, (bk, bv) in zip(bb.layers, cache_kt, cache_vt, blocks,
                                                strict=True):
                 attn = layer.attn
-                q, k, v = attn.project_qkv(layer.attn_norm(x), pos[:, None])
+                q, k, v = attn.project_qkv(layer.attn_norm(x), rope)
                 bk = jax.lax.dynamic_update_slice(bk, k.astype(bk.dtype), (0, i, 0, 0))
                 bv = jax.lax.dynamic_update_slice(bv, v.astype(bv.dtype), (0, i, 0, 0))
                 new_blocks.append((bk, bv))
