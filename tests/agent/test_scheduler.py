@@ -65,8 +65,10 @@ def _slow_task_script(slow_id):
 def test_oversampling_keeps_first_b_and_handles_stragglers(keep):
     tasks = _tasks(4)
     pol = ScriptedPolicy(TOK, _slow_task_script(tasks[0].id))
-    sched = RolloutScheduler(pol, HarnessConfig(max_turns=2), config=SchedulerConfig(
-        concurrency=4, oversample=1 / 3, keep_stragglers=keep, max_batch_wait_s=0.01))
+    # cancelled stragglers stop at their next turn boundary: give the slow one a second turn
+    sched = RolloutScheduler(pol, HarnessConfig(max_turns=1 if keep else 2),
+                             config=SchedulerConfig(concurrency=4, oversample=1 / 3,
+                                                    keep_stragglers=keep, max_batch_wait_s=0.01))
     res = sched.collect(tasks, batch_size=3)
     assert res.stats["launched"] == 4
     assert sorted(t.task_id for t in res.trajectories) == sorted(t.id for t in tasks[1:])
