@@ -233,6 +233,23 @@ class ReferencePolicy(ScriptedPolicy):
 # ----------------------------------------------------------------------------- episode
 
 
+def safe_decode(tokenizer, ids: Sequence[int]) -> str:
+    """Decode for parsing/display; ids the tokenizer cannot decode (a model vocabulary padded
+    past the tokenizer's) become U+FFFD instead of failing the episode."""
+    try:
+        return tokenizer.decode(ids, skip_special=True)
+    except ValueError:
+        size = getattr(tokenizer, "vocab_size", None)
+        parts, run = [], []
+        for i in ids:
+            if size is not None and not 0 <= int(i) < size:
+                parts.append(tokenizer.decode(run, skip_special=True) + "\ufffd")
+                run = []
+            else:
+                run.append(int(i))
+        return "".join(parts) + tokenizer.decode(run, skip_special=True)
+
+
 def _render(tokenizer, messages) -> list[int]:
     return [int(i) for i in tokenizer.render(messages, add_generation_prompt=True)]
 
@@ -314,13 +331,13 @@ def _summarize(task, policy, harness, context, traj, turn, timings) -> str:
     t0 = time.monotonic()
     tok = policy.tokenizer
     if harness.summarizer is not None:
-        text = harness.summarizer(tok.decode(context, skip_special=True))
+        text = harness.summarizer(safe_decode(tok, context))
     else:
         req_ids = continuation_ids(tok, "user", SUMMARY_REQUEST, context)
         out = policy.generate([GenerationRequest(
             context + req_ids, harness.max_summary_tokens, harness.sampling, task, turn,
             "summary")])[0]
-        text = tok.decode(out.token_ids, skip_special=True)
+        text = safe_decode(tok, out.token_ids)
     timings["summarize_s"] += time.monotonic() - t0
     return text
 
@@ -363,7 +380,7 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
         new_prompt = []
         if out.stop_reason == "context":
             return TerminalReason.CONTEXT_OVERFLOW
-        text = tok.decode(rec.sampled_ids, skip_special=True)
+        text = safe_decode(tok, rec.sampled_ids)
         try:
             action = parse_action(text)
         except ActionParseError as e:

@@ -165,3 +165,10 @@ def test_infrastructure_and_verifier_errors_are_dropped():
     assert b.terminal_reason == TerminalReason.VERIFIER_ERROR and b.report is None
     batch = pack_trajectories([a, b], buckets=BUCKETS)
     assert batch.num_rows == 0 and batch.dropped == [0, 1]
+
+
+def test_safe_decode_handles_ids_past_the_tokenizer_vocabulary():
+    from terminal_rsi.agent.harness import safe_decode
+
+    ids = TOK.encode("ab") + [TOK.vocab_size + 5] + TOK.encode("c") + [TOK.end_id]
+    assert safe_decode(TOK, ids) == "ab\ufffdc"
