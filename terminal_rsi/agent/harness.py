@@ -281,6 +281,40 @@ def default_sandbox_factory(task):
     return open_task_sandbox(task, "local")
 
 
+def pool_sandbox_factory(pool, timeout: float | None = None):
+    """A sandbox factory drawing from a `terminal_rsi.sandbox.pool.SandboxPool` (local and
+    remote endpoints): the task's workspace is seeded and its setup commands run, as
+    `open_task_sandbox` does for local backends. Tasks that need their own image
+    (`environment.image`, a Dockerfile or a compose file) raise EnvironmentUnavailable:
+    open those with `open_task_sandbox(task, "docker")` instead."""
+
+    def factory(task):
+        from terminal_rsi.sandbox import SandboxSpec
+        from terminal_rsi.tasks import EnvironmentUnavailable
+        from terminal_rsi.tasks.verify import seed_files
+
+        env = task.environment
+        if env.image or env.dockerfile or env.compose_file:
+            raise EnvironmentUnavailable(
+                f"task {task.id} needs its own image; a pooled sandbox uses the endpoint's "
+                "default image. Use open_task_sandbox(task, 'docker')")
+        sb = pool.open(SandboxSpec(env=dict(env.env), network=bool(env.network)),
+                       timeout=timeout)
+        try:
+            seed_files(sb, env.files, env.modes)
+            for cmd in env.setup:
+                r = sb.exec(cmd, timeout=max(60.0, task.agent_timeout_s))
+                if not r.ok:
+                    raise EnvironmentUnavailable(f"task {task.id}: setup `{cmd}` failed "
+                                                 f"(exit {r.exit_code}): {r.stderr[-300:]}")
+        except BaseException:
+            sb.close()
+            raise
+        return sb
+
+    return factory
+
+
 def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | None = None,
                 harness: HarnessConfig | None = None, *, policy_version: int | None = None,
                 cancel: threading.Event | None = None, verify: bool = True) -> Trajectory:

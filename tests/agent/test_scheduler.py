@@ -171,3 +171,16 @@ def test_tiny_model_episodes_are_well_formed():
         batch.logprobs[batch.gen_mask],
         np.concatenate([np.concatenate([t.logprobs for t in tr.turns])
                         for tr in res.trajectories]).astype(np.float32))
+
+
+def test_rollouts_over_a_sandbox_pool():
+    from terminal_rsi.agent.harness import pool_sandbox_factory
+    from terminal_rsi.sandbox.pool import SandboxPool
+
+    with SandboxPool(["local"], max_concurrent=2) as pool:
+        sched = RolloutScheduler(ReferencePolicy(TOK), HarnessConfig(max_turns=4),
+                                 pool_sandbox_factory(pool, timeout=60),
+                                 SchedulerConfig(concurrency=3, oversample=0))
+        res = sched.collect(_tasks(2, "env_repair") + _tasks(1), batch_size=3)
+        assert res.stats["success_rate"] == 1.0 and len(res.trajectories) == 3, res.errors
+        assert pool.stats() == {"local": 0}  # every episode's sandbox went back
