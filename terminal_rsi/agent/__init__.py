@@ -29,9 +29,19 @@ from terminal_rsi.agent.harness import (
     SamplerPolicy,
     SamplingSettings,
     ScriptedPolicy,
+    pool_sandbox_factory,
+    reference_action,
     run_episode,
 )
 from terminal_rsi.agent.packing import PackedBatch, PackingError, pack_trajectories
+from terminal_rsi.agent.scheduler import (
+    AsyncRollouts,
+    BatchingPolicy,
+    RolloutResult,
+    RolloutScheduler,
+    SchedulerConfig,
+    logprob_gap,
+)
 from terminal_rsi.agent.trajectory import (
     TRAINING_POLICY,
     Segment,
@@ -45,7 +55,9 @@ from terminal_rsi.agent.trajectory import (
 )
 
 __all__ = [
-    "TRAINING_POLICY", "Action", "ActionParseError", "Command", "EpisodeCancelled",
+    "TRAINING_POLICY", "Action", "AsyncRollouts", "BatchingPolicy", "RolloutResult",
+    "RolloutScheduler", "SchedulerConfig", "logprob_gap", "pool_sandbox_factory",
+    "reference_action", "ActionParseError", "Command", "EpisodeCancelled",
     "GenerationOutput", "GenerationRequest", "HarnessConfig", "PackedBatch", "PackingError",
     "Policy", "ReferencePolicy", "SamplerPolicy", "SamplingSettings", "ScriptedPolicy",
     "Segment", "TerminalReason", "TrainingPolicy", "Trajectory", "TrajectoryFormatError", "Turn",
