@@ -79,7 +79,8 @@ def main():
     for conc in (1, args.concurrency):
         sched = RolloutScheduler(policy, harness, config=SchedulerConfig(
             concurrency=conc, oversample=0.0, max_batch_wait_s=0.05))
-        sched.collect(tasks(conc, 1000), conc)  # warm-up: compile this setting's buckets
+        # warm-up at the measured size: compile this setting's (batch, cache) buckets
+        sched.collect(tasks(args.episodes, 1000), args.episodes)
         before = dict(sampler.compilations)
         res = sched.collect(tasks(args.episodes), args.episodes)
         recompiled = sum(sampler.compilations.values()) - sum(before.values())
