@@ -172,3 +172,16 @@ def test_safe_decode_handles_ids_past_the_tokenizer_vocabulary():
 
     ids = TOK.encode("ab") + [TOK.vocab_size + 5] + TOK.encode("c") + [TOK.end_id]
     assert safe_decode(TOK, ids) == "ab\ufffdc"
+
+
+def test_real_trajectory_roundtrips_through_a_shard(tmp_path):
+    from terminal_rsi.agent import read_shard, write_shard
+
+    traj = run_episode(_task("hint_lookup"), ReferencePolicy(TOK),
+                       harness=HarnessConfig(max_turns=4, summarize_threshold=50))
+    write_shard(tmp_path / "s.jsonl", [traj])
+    (back,) = read_shard(tmp_path / "s.jsonl")
+    assert back.to_dict() == traj.to_dict() and back.report["passed"] == traj.P
+    assert back.terminal_reason == TerminalReason.DECLARED_COMPLETE
+    for i in range(len(back.turns)):
+        assert back.prompt_at(i) == traj.prompt_at(i)
