@@ -79,10 +79,10 @@ def main():
     key = jax.random.key(1)
     b = 1
     while b <= max(args.concurrency, 1):
-        sampler.sample(policy._params, [[1] * 800] * b, key, max_new_tokens=args.max_new)
+        sampler.sample(policy.params, [[1] * 800] * b, key, max_new_tokens=args.max_new)
         b *= 2
     if b // 2 < args.concurrency:
-        sampler.sample(policy._params, [[1] * 800] * args.concurrency, key,
+        sampler.sample(policy.params, [[1] * 800] * args.concurrency, key,
                        max_new_tokens=args.max_new)
 
     rows = []

@@ -159,6 +159,10 @@ class SamplerPolicy:
         self._key = jax.random.key(seed)
         self._lock = threading.Lock()
 
+    @property
+    def params(self):
+        return self._params
+
     def set_params(self, params, version: int) -> None:
         with self._lock:
             self._params, self.version = params, int(version)
