@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from terminal_rsi.agent import HarnessConfig, SamplerPolicy  # noqa: E402
+from terminal_rsi.agent import HarnessConfig, ReferencePolicy, SamplerPolicy  # noqa: E402
 from terminal_rsi.agent.scheduler import AsyncRollouts, RolloutScheduler, SchedulerConfig  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.models.tokenizer import ByteTokenizer  # noqa: E402
@@ -57,6 +57,33 @@ def make_update(seconds_target: float):
     return lambda: step(x, n).block_until_ready()
 
 
+def latency_rows(args, tok):
+    # ---- the scheduler alone: a latency-bound stand-in policy (a fixed 100 ms per call, like
+    # a remote accelerator at small batch) emitting reference solutions, so sandbox time and
+    # generation overlap and batching are visible apart from CPU contention.
+    class LatencyPolicy(ReferencePolicy):
+        def generate(self, requests):
+            time.sleep(0.1)
+            return super().generate(requests)
+
+    lrows = []
+    for conc in (1, args.concurrency):
+        sched = RolloutScheduler(LatencyPolicy(tok), HarnessConfig(max_turns=4),
+                                 config=SchedulerConfig(concurrency=conc, oversample=0.0,
+                                                        max_batch_wait_s=0.05))
+        res = sched.collect(tasks(args.episodes, 6000), args.episodes)
+        st = res.stats
+        lrows.append((conc, 60 * len(res.trajectories) / st["elapsed_s"], st["success_rate"],
+                      st["mean_generation_batch"], st["policy_calls"]))
+    print()
+    print("| latency-bound policy (100 ms/call) | episodes/min | ratio | success | "
+          "mean gen batch | policy calls |")
+    print("|---|---|---|---|---|---|")
+    for conc, epm, succ, mb, calls in lrows:
+        print(f"| concurrency {conc} | {epm:.1f} | {epm / lrows[0][1]:.2f}x | {succ:.2f} | "
+              f"{mb:.1f} | {calls:.0f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=16)
@@ -64,9 +91,14 @@ def main():
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--async-steps", type=int, default=3)
+    ap.add_argument("--skip-model", action="store_true",
+                    help="only the latency-bound scheduler rows")
     args = ap.parse_args()
 
     tok = ByteTokenizer()
+    if args.skip_model:
+        latency_rows(args, tok)
+        return
     cfg = get_model_config("tiny")
     graphdef, state = nnx.split(DecoderLM(cfg, rngs=nnx.Rngs(0)))
     sampler = Sampler(graphdef, cfg, decode_block=16,
@@ -112,6 +144,8 @@ def main():
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.1f} | "
               f"{r[6]:.2f}x | {r[7]:.2f}x | {r[8]} |")
+
+    latency_rows(args, tok)
 
     # ---- async: one batch ahead vs synchronous
     b = min(8, args.concurrency)
