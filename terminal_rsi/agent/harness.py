@@ -158,6 +158,7 @@ class SamplerPolicy:
         self.version = version
         self._key = jax.random.key(seed)
         self._lock = threading.Lock()
+        self._sample_lock = threading.Lock()  # one sampler call at a time (not thread-safe)
 
     @property
     def params(self):
@@ -178,10 +179,11 @@ class SamplerPolicy:
             with self._lock:
                 self._key, key = jax.random.split(self._key)
                 params, version = self._params, self.version
-            res = self.sampler.sample(
-                params, [requests[i].prompt_ids for i in idx], key, max_new_tokens=max_new,
-                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                stop_token_ids=tuple(self.tokenizer.stop_ids))
+            with self._sample_lock:
+                res = self.sampler.sample(
+                    params, [requests[i].prompt_ids for i in idx], key,
+                    max_new_tokens=max_new, temperature=s.temperature, top_p=s.top_p,
+                    top_k=s.top_k, stop_token_ids=tuple(self.tokenizer.stop_ids))
             for i, o in zip(idx, res, strict=True):
                 outs[i] = GenerationOutput([int(t) for t in o.token_ids],
                                            [float(x) for x in np.asarray(o.logprobs)],
