@@ -69,20 +69,27 @@ class Action:
 
 
 def _first_json_object(text: str) -> Any:
+    """The first decodable JSON object that looks like an action (has an action field);
+    failing that, the first decodable object (its fields are then reported as unknown)."""
     dec = json.JSONDecoder()
     start = text.find("{")
-    last_err = None
+    first_err = None
+    fallback = None
     while start >= 0:
         try:
             obj, _ = dec.raw_decode(text, start)
             if isinstance(obj, dict):
-                return obj
+                if set(obj) & set(ACTION_KEYS) or not obj:
+                    return obj
+                fallback = obj if fallback is None else fallback
         except json.JSONDecodeError as e:
-            last_err = e
+            first_err = e if first_err is None else first_err
         start = text.find("{", start + 1)
-    if last_err is not None:
-        raise ActionParseError(f"no valid JSON object in the reply ({last_err.msg} at "
-                               f"position {last_err.pos}). {SCHEMA_TEXT}")
+    if first_err is not None:
+        raise ActionParseError(f"no valid JSON action in the reply ({first_err.msg} at "
+                               f"position {first_err.pos}). {SCHEMA_TEXT}")
+    if fallback is not None:
+        return fallback
     raise ActionParseError(f"the reply contains no JSON object. {SCHEMA_TEXT}")
 
 

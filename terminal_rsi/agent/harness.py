@@ -426,6 +426,9 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
         except ActionParseError as e:
             rec.parse_error = str(e)
             action, note = None, f"ERROR: could not parse your reply as an action: {e}"
+            if out.stop_reason == "length":
+                note += (f" (your reply was cut at the limit of {harness.max_output_tokens} "
+                         "tokens per turn: write shorter actions)")
         else:
             note = ""
         results = []

@@ -38,6 +38,7 @@ def test_skips_braces_that_are_not_json():
 @pytest.mark.parametrize("text, fragment", [
     ("no json here", "no JSON object"),
     ('{"commands": [1', "no valid JSON"),
+    ('{"commands": [{"keystrokes": "ls"}, {"keystrokes": "pwd"', "no valid JSON"),
     ('{"commands": "ls"}', '"commands" must be a list'),
     ('{"task_complete": "yes"}', "task_complete"),
     ('{"commands": [{"keystrokes": "ls", "timeout": -1}]}', "positive"),
