@@ -167,6 +167,14 @@ def test_tiny_model_episodes_are_well_formed():
     assert res.stats["mean_generation_batch"] > 1
     batch = pack_trajectories(res.trajectories, buckets=sampler.buckets)
     assert batch.tokens.shape[1] % 1024 == 0
+    # token-in/token-out end to end: the packed rollout logprobs equal the training-side
+    # recomputation on the packed arrays (positions and masks line up)
+    from terminal_rsi.logprobs import token_logprobs
+
+    train_lp = token_logprobs(nnx.to_pure_dict(state), graphdef, batch.tokens, batch.positions,
+                              batch.segment_ids)
+    gap = logprob_gap(batch.logprobs, np.asarray(train_lp), batch.gen_mask)
+    assert gap["logprob_gap_max_abs"] < 2e-3, gap
     np.testing.assert_allclose(
         batch.logprobs[batch.gen_mask],
         np.concatenate([np.concatenate([t.logprobs for t in tr.turns])
