@@ -109,7 +109,7 @@ class SamplingFunctionsTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_sample_tokens_frequencies_and_greedy(self):
         logits = np.array([[2.0, 1.5, 1.0, 0.2, -1.0]], np.float32)
-        n = 4000
+        n = 2000
         keys = jax.random.split(jax.random.key(1), n)
         fn = self.variant(lambda k: sample_tokens(
             jnp.broadcast_to(logits, (n, 5)), k, jnp.full((n,), 0.8), jnp.ones((n,)),
@@ -117,7 +117,7 @@ class SamplingFunctionsTest(chex.TestCase):
         tok, lp, raw = (np.asarray(x) for x in fn(keys))
         want = _np_sampling_logprobs(logits[0], 0.8, 1.0, 3)
         freq = np.bincount(tok, minlength=5) / n
-        np.testing.assert_allclose(freq, np.exp(want), atol=0.03)
+        np.testing.assert_allclose(freq, np.exp(want), atol=0.04)  # ~3.5 sigma
         assert freq[3] == freq[4] == 0
         np.testing.assert_allclose(lp, want[tok], rtol=1e-5)
         np.testing.assert_allclose(raw, jax.nn.log_softmax(logits[0])[tok], rtol=1e-5)

@@ -77,7 +77,8 @@ def test_memory_plan_matches_hand_count():
     assert big["num_params"] == n
     assert n * 4 / 256 <= big["params_bytes"] <= n * 4 / 256 * 1.01
     text = shd.format_memory_plan(big)
-    assert "optimizer per device" in text and "fsdp=64" in text
+    assert "optimizer (AdamW mu, nu) per device" in text and "fsdp=64" in text
+    assert "['layers'][*]" in text  # layers folded into one row per tensor
 
 
 def test_maybe_initialize_distributed(monkeypatch):

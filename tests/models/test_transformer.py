@@ -193,9 +193,14 @@ class ValueModelTest(parameterized.TestCase):
     def test_critic_params_from_actor_pure(self):
         from terminal_rsi import sharding as shd
 
-        mesh = shd.make_mesh()
-        _, ap = shd.init_params(tf.DecoderLM, CFG, mesh, seed=0)
-        _, cp = shd.init_params(tf.ValueModel, CFG, mesh, seed=1)
+        rng = np.random.default_rng(0)
+
+        def random_params(cls):  # the module's exact tree, filled without compiling an init
+            abstract = nnx.to_pure_dict(shd.abstract_model(cls, CFG)[1])
+            return jax.tree.map(lambda a: jnp.asarray(
+                rng.standard_normal(a.shape).astype(a.dtype)), abstract)
+
+        ap, cp = random_params(tf.DecoderLM), random_params(tf.ValueModel)
         new = tf.critic_params_from_actor(ap, cp)
         assert jax.tree.structure(new) == jax.tree.structure(cp)
         chex.assert_trees_all_equal(new["backbone"], ap["backbone"])
