@@ -1,0 +1,188 @@
+"""Rollout throughput: episodes/min and generated tokens/s, 1 vs N concurrent episodes, and
+one-batch-ahead asynchronous step time against max(rollout, update).
+
+    python benchmarks/bench_rollout.py [--episodes 16] [--concurrency 16] [--max-new 32]
+
+The policy is the `tiny` preset (random weights, byte tokenizer) through the jitted KV-cache
+sampler, on built-in tasks with local sandboxes; every episode runs the full harness and the
+protected verifier. Compilation is excluded (one warm-up collect per setting). The "update"
+of the async rows is a jitted matmul chain sized to take about as long as a rollout, so
+the ideal async step is max(rollout, update) and the synchronous one rollout + update. On a
+CPU-only machine the update and the sampler share the same cores, so overlap is partial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from terminal_rsi.agent import HarnessConfig, ReferencePolicy, SamplerPolicy  # noqa: E402
+from terminal_rsi.agent.scheduler import AsyncRollouts, RolloutScheduler, SchedulerConfig  # noqa: E402
+from terminal_rsi.models.config import get_model_config  # noqa: E402
+from terminal_rsi.models.tokenizer import ByteTokenizer  # noqa: E402
+from terminal_rsi.models.transformer import DecoderLM  # noqa: E402
+from terminal_rsi.sampling import Buckets, Sampler  # noqa: E402
+from terminal_rsi.tasks import get_suite  # noqa: E402
+
+FAMILIES = ["create_file", "count_lines", "sort_uniq", "edit_replace"]
+
+
+def tasks(n, start_seed=0):
+    return list(get_suite("builtin", "train", families=FAMILIES, n_per_family=-(-n // 4),
+                          start_seed=start_seed))[:n]
+
+
+def make_update(seconds_target: float):
+    """A jitted stand-in for a train step (matmul chain), calibrated to ~seconds_target."""
+    @jax.jit
+    def step(x, n):
+        def body(_, y):
+            return jnp.tanh(y @ y) * 0.5
+        return jax.lax.fori_loop(0, n, body, x)
+
+    x = jnp.ones((256, 256), jnp.float32) / 256
+    step(x, 1).block_until_ready()
+    t0 = time.perf_counter()
+    step(x, 20).block_until_ready()
+    per = (time.perf_counter() - t0) / 20
+    n = max(1, int(seconds_target / max(per, 1e-6)))
+    return lambda: step(x, n).block_until_ready()
+
+
+def latency_rows(args, tok):
+    # ---- the scheduler alone: a latency-bound stand-in policy (a fixed 100 ms per call, like
+    # a remote accelerator at small batch) emitting reference solutions, so sandbox time and
+    # generation overlap and batching are visible apart from CPU contention.
+    class LatencyPolicy(ReferencePolicy):
+        def generate(self, requests):
+            time.sleep(0.1)
+            return super().generate(requests)
+
+    lrows = []
+    for conc in (1, args.concurrency):
+        sched = RolloutScheduler(LatencyPolicy(tok), HarnessConfig(max_turns=4),
+                                 config=SchedulerConfig(concurrency=conc, oversample=0.0,
+                                                        max_batch_wait_s=0.05))
+        res = sched.collect(tasks(args.episodes, 6000), args.episodes)
+        st = res.stats
+        lrows.append((conc, 60 * len(res.trajectories) / st["elapsed_s"], st["success_rate"],
+                      st["mean_generation_batch"], st["policy_calls"]))
+    print()
+    print("| latency-bound policy (100 ms/call) | episodes/min | ratio | success | "
+          "mean gen batch | policy calls |")
+    print("|---|---|---|---|---|---|")
+    for conc, epm, succ, mb, calls in lrows:
+        print(f"| concurrency {conc} | {epm:.1f} | {epm / lrows[0][1]:.2f}x | {succ:.2f} | "
+              f"{mb:.1f} | {calls:.0f} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=2)
+    ap.add_argument("--async-steps", type=int, default=3)
+    ap.add_argument("--skip-model", action="store_true",
+                    help="only the latency-bound scheduler rows")
+    args = ap.parse_args()
+
+    tok = ByteTokenizer()
+    if args.skip_model:
+        latency_rows(args, tok)
+        return
+    cfg = get_model_config("tiny")
+    graphdef, state = nnx.split(DecoderLM(cfg, rngs=nnx.Rngs(0)))
+    sampler = Sampler(graphdef, cfg, decode_block=16,
+                      buckets=Buckets(prefill_chunk=256, cache_multiple=1024))
+    policy = SamplerPolicy(sampler, nnx.to_pure_dict(state), tok, seed=0)
+    harness = HarnessConfig(max_turns=args.turns, max_output_tokens=args.max_new)
+
+    # Compile every batch bucket once up front (the cross-episode batch size varies with
+    # timing), so no timed run pays for compilation.
+    key = jax.random.key(1)
+    b = 1
+    while b <= max(args.concurrency, 1):
+        sampler.sample(policy.params, [[1] * 800] * b, key, max_new_tokens=args.max_new)
+        b *= 2
+    if b // 2 < args.concurrency:
+        sampler.sample(policy.params, [[1] * 800] * args.concurrency, key,
+                       max_new_tokens=args.max_new)
+
+    rows = []
+    base = None
+    for conc in (1, args.concurrency):
+        sched = RolloutScheduler(policy, harness, config=SchedulerConfig(
+            concurrency=conc, oversample=0.0, max_batch_wait_s=0.05))
+        # warm-up at the measured size: compile this setting's (batch, cache) buckets
+        sched.collect(tasks(args.episodes, 1000), args.episodes)
+        before = dict(sampler.compilations)
+        res = sched.collect(tasks(args.episodes), args.episodes)
+        recompiled = sum(sampler.compilations.values()) - sum(before.values())
+        st = res.stats
+        if res.errors:
+            raise SystemExit(f"episodes failed: {res.errors[:3]}")
+        epm = 60 * len(res.trajectories) / st["elapsed_s"]
+        if base is None:
+            base = (epm, st["generated_tokens_per_s"])
+        rows.append((f"concurrency {conc}", len(res.trajectories), st["elapsed_s"], epm,
+                     st["generated_tokens_per_s"], st["mean_generation_batch"],
+                     epm / base[0], st["generated_tokens_per_s"] / base[1], recompiled))
+    print(f"tiny model ({cfg.num_params() / 1e6:.2f} M params), {args.turns} turns x "
+          f"{args.max_new} tokens max, built-in tasks, local sandboxes, jax {jax.__version__}")
+    print("| setting | episodes | wall s | episodes/min | gen tokens/s | mean gen batch | "
+          "episodes/min ratio | tokens/s ratio | compilations in timed run |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.1f} | "
+              f"{r[6]:.2f}x | {r[7]:.2f}x | {r[8]} |")
+
+    latency_rows(args, tok)
+
+    # ---- async: one batch ahead vs synchronous
+    b = min(8, args.concurrency)
+    sched = RolloutScheduler(policy, harness, config=SchedulerConfig(
+        concurrency=b, oversample=0.0, max_batch_wait_s=0.05))
+    sched.collect(tasks(b, 2000), b)
+    t0 = time.perf_counter()
+    sched.collect(tasks(b, 3000), b)
+    rollout_s = time.perf_counter() - t0
+    update = make_update(rollout_s)
+    t0 = time.perf_counter()
+    update()
+    update_s = time.perf_counter() - t0
+    k = args.async_steps
+    t0 = time.perf_counter()
+    for i in range(k):
+        sched.collect(tasks(b, 4000 + 100 * i), b)
+        update()
+    sync_step = (time.perf_counter() - t0) / k
+    ar = AsyncRollouts(sched, iter([tasks(b, 5000 + 100 * i) for i in range(k + 1)]), b)
+    ar.next()  # fill the pipeline
+    t0 = time.perf_counter()
+    for _ in range(k):
+        ar.next()
+        update()
+        policy.version += 1
+    async_step = (time.perf_counter() - t0) / k
+    ar.close()
+    ideal = max(rollout_s, update_s)
+    print()
+    print(f"| async ({b} episodes/batch) | seconds | ratio to max(rollout, update) |")
+    print("|---|---|---|")
+    for name, v in (("rollout alone", rollout_s), ("update alone", update_s),
+                    ("max(rollout, update)", ideal), ("rollout + update", rollout_s + update_s),
+                    ("synchronous step", sync_step), ("one-batch-ahead step", async_step)):
+        print(f"| {name} | {v:.2f} | {v / ideal:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,483 @@
+"""The harness: a policy becomes a terminal agent (paper §3.1, §2.3, Appendix A).
+
+    harness = HarnessConfig(max_turns=8)
+    traj = run_episode(task, policy, sandbox_factory, harness)   # -> Trajectory
+
+One episode: start the task's sandbox (seeded workspace), render the prompt (system
+instructions + hints + the public instruction) with the tokenizer's chat template, then
+turn by turn: the policy samples a reply (token-in/token-out: sampled ids are appended to
+the context as sampled, never re-tokenized), the reply is parsed as a JSON action
+(`terminal_rsi.agent.actions`), its commands run in the sandbox, and the capped
+observation is appended as an observation message (linear history). The episode ends when
+the agent declares completion or a budget is hit; the protected verifier then runs
+(`terminal_rsi.tasks.verify`) and the reward is computed (`terminal_rsi.rewards`).
+
+Budgets: `max_output_tokens` per turn, `max_input_tokens` per call (a prompt that would
+exceed it ends the episode with `context_overflow`, as does the sampler reaching the
+model's context), `max_turns`, and a wall-clock timeout (`agent_timeout_s`, default the
+task's). When the context passes `summarize_threshold` tokens, a summarizer (the policy
+itself, or `HarnessConfig.summarizer`, a callable history-text -> summary) compresses the
+history; the next turn starts a new segment whose prompt is rendered afresh from the summary
+(`Trajectory.segments`). Summarization is never terminal.
+
+A `Policy` is anything with `generate(requests) -> outputs`: `SamplerPolicy` (the
+jitted KV-cache sampler), `ScriptedPolicy` (fixed texts, for tests) and `ReferencePolicy`
+(emits the task's reference solution as JSON actions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from terminal_rsi.agent.actions import (
+    SCHEMA_TEXT,
+    Action,
+    ActionParseError,
+    Command,
+    format_observation,
+    parse_action,
+)
+from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous agent working in a Linux shell. Solve the task by running "
+    "commands. " + SCHEMA_TEXT
+)
+SUMMARY_REQUEST = (
+    "Summarize the work so far for a fresh context: what the task needs, what you ran, what "
+    "you found, and what remains. Reply with the summary only."
+)
+
+
+class EpisodeCancelled(RuntimeError):
+    """The scheduler cancelled this episode (a straggler after the batch filled)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessConfig:
+    """A harness variant (RSR's complementary harnesses are such variants).
+
+    name: recorded in each trajectory. system_prompt, hints: the instructions (hints are
+    appended to the system prompt as a list). sampling: temperature/top-p/top-k.
+    max_output_tokens: per turn (paper: 8192). max_input_tokens: per call (paper: 96000).
+    max_turns: turn budget. agent_timeout_s: wall clock (None: the task's).
+    summarize_threshold: context tokens that trigger summarization (paper: 32000; None: off).
+    summarizer: None (the policy summarizes) or a callable(history_text) -> summary text.
+    max_observation_chars: observation cap (head and tail kept).
+    max_command_timeout_s: cap on any command's timeout.
+    observation_role: chat role of observation messages.
+    reward_fn: "binary", "fdr" or "spr"; divisors: a FamilyDivisors (None: defaults).
+    verify_backend: backend of the verifier sandbox.
+    """
+
+    name: str = "json-linear"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    hints: tuple[str, ...] = ()
+    sampling: SamplingSettings = SamplingSettings()
+    max_output_tokens: int = 8192
+    max_input_tokens: int = 96000
+    max_turns: int = 32
+    agent_timeout_s: float | None = None
+    summarize_threshold: int | None = 32000
+    summarizer: Callable[[str], str] | None = None
+    max_summary_tokens: int = 1024
+    max_observation_chars: int = 8000
+    max_command_timeout_s: float = 120.0
+    observation_role: str = "observation"
+    reward_fn: str = "fdr"
+    divisors: Any = None
+    verify_backend: str = "local"
+
+    def __post_init__(self):
+        for f in ("max_output_tokens", "max_input_tokens", "max_turns",
+                  "max_observation_chars", "max_summary_tokens"):
+            if int(getattr(self, f)) <= 0:
+                raise ValueError(f"HarnessConfig.{f} must be > 0, got {getattr(self, f)}")
+        if self.summarize_threshold is not None and self.summarize_threshold <= 0:
+            raise ValueError("HarnessConfig.summarize_threshold must be > 0 or None")
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """One row of a policy call. `task`, `turn` and `purpose` ("action" or "summary") are
+    context for scripted policies; model policies use only the token fields."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingSettings = SamplingSettings()
+    task: Any = None
+    turn: int = 0
+    purpose: str = "action"
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop_token", "stop_string", "length", "context"
+    policy_version: int = 0
+
+
+class Policy(Protocol):
+    tokenizer: Any
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]: ...
+
+
+class SamplerPolicy:
+    """A policy backed by `terminal_rsi.sampling.Sampler` (token ids + sampling logprobs).
+
+    Requests with equal (max_new_tokens, sampling) are generated as one batch. `set_params`
+    swaps the weights between calls (async rollouts) and bumps `version`.
+    """
+
+    def __init__(self, sampler, params, tokenizer, *, seed: int = 0, version: int = 0):
+        import jax
+
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self._params = params
+        self.version = version
+        self._key = jax.random.key(seed)
+        self._lock = threading.Lock()
+        self._sample_lock = threading.Lock()  # one sampler call at a time (not thread-safe)
+
+    @property
+    def params(self):
+        return self._params
+
+    def set_params(self, params, version: int) -> None:
+        with self._lock:
+            self._params, self.version = params, int(version)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        import jax
+
+        outs: list[GenerationOutput | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_new_tokens, r.sampling), []).append(i)
+        for (max_new, s), idx in groups.items():
+            with self._lock:
+                self._key, key = jax.random.split(self._key)
+                params, version = self._params, self.version
+            with self._sample_lock:
+                res = self.sampler.sample(
+                    params, [requests[i].prompt_ids for i in idx], key,
+                    max_new_tokens=max_new, temperature=s.temperature, top_p=s.top_p,
+                    top_k=s.top_k, stop_token_ids=tuple(self.tokenizer.stop_ids))
+            for i, o in zip(idx, res, strict=True):
+                outs[i] = GenerationOutput([int(t) for t in o.token_ids],
+                                           [float(x) for x in np.asarray(o.logprobs)],
+                                           o.stop_reason.value, version)
+        return outs  # type: ignore[return-value]
+
+
+class ScriptedPolicy:
+    """Replies with `script(request) -> text`, encoded and closed with the stop token;
+    log-probabilities are 0 (a deterministic policy). Respects max_new_tokens."""
+
+    def __init__(self, tokenizer, script: Callable[[GenerationRequest], str], version: int = 0):
+        self.tokenizer = tokenizer
+        self.script = script
+        self.version = version
+        self.calls = 0
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        self.calls += 1
+        out = []
+        for r in requests:
+            ids = list(self.tokenizer.encode(self.script(r))) + [self.tokenizer.stop_ids[0]]
+            reason = "stop_token"
+            if len(ids) > r.max_new_tokens:
+                ids, reason = ids[:r.max_new_tokens], "length"
+            out.append(GenerationOutput(ids, [0.0] * len(ids), reason, self.version))
+        return out
+
+
+def reference_action(task, turn: int) -> str:
+    """The task's reference solution turn `turn` as a JSON action (the last one declares
+    completion; past the end: an empty completing action)."""
+    sol = task.solution
+    cmds = tuple(Command(c, float(min(task.agent_timeout_s, 120.0))) for c in
+                 (sol[turn] if turn < len(sol) else ()))
+    return Action(f"reference step {turn + 1} of {len(sol)}", cmds,
+                  task_complete=turn >= len(sol) - 1).to_json()
+
+
+class ReferencePolicy(ScriptedPolicy):
+    """Emits the reference solution of `request.task` as JSON actions (tests: S = 1 through
+    the whole harness). Summaries are a fixed sentence."""
+
+    def __init__(self, tokenizer, version: int = 0):
+        def script(r: GenerationRequest) -> str:
+            if r.purpose == "summary":
+                return "Summary: following the reference steps."
+            return reference_action(r.task, r.turn)
+
+        super().__init__(tokenizer, script, version)
+
+
+# ----------------------------------------------------------------------------- episode
+
+
+def safe_decode(tokenizer, ids: Sequence[int]) -> str:
+    """Decode for parsing/display; ids the tokenizer cannot decode (a model vocabulary padded
+    past the tokenizer's) become U+FFFD instead of failing the episode."""
+    try:
+        return tokenizer.decode(ids, skip_special=True)
+    except ValueError:
+        size = getattr(tokenizer, "vocab_size", None)
+        parts, run = [], []
+        for i in ids:
+            if size is not None and not 0 <= int(i) < size:
+                parts.append(tokenizer.decode(run, skip_special=True) + "\ufffd")
+                run = []
+            else:
+                run.append(int(i))
+        return "".join(parts) + tokenizer.decode(run, skip_special=True)
+
+
+def _render(tokenizer, messages) -> list[int]:
+    return [int(i) for i in tokenizer.render(messages, add_generation_prompt=True)]
+
+
+def continuation_ids(tokenizer, role: str, text: str, last_sampled: Sequence[int]) -> list[int]:
+    """Tokens appended after the sampled ids: (the end-of-message token if the reply was cut
+    by length) + the rendered message + the next generation prompt (no BOS)."""
+    ids = _render(tokenizer, [{"role": role, "content": text}])
+    if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id:
+        ids = ids[1:]
+    if not last_sampled or int(last_sampled[-1]) not in tokenizer.stop_ids:
+        ids = [int(tokenizer.stop_ids[0])] + ids
+    return ids
+
+
+def _initial_messages(task, harness: HarnessConfig, summary: str | None = None):
+    system = harness.system_prompt
+    if harness.hints:
+        system += "\n\nHints:\n" + "\n".join(f"- {h}" for h in harness.hints)
+    user = f"Task:\n{task.instruction}"
+    if summary is not None:
+        user += f"\n\nSummary of your progress so far (earlier context was summarized):\n{summary}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def default_sandbox_factory(task):
+    from terminal_rsi.tasks import open_task_sandbox
+
+    return open_task_sandbox(task, "local")
+
+
+def pool_sandbox_factory(pool, timeout: float | None = None):
+    """A sandbox factory drawing from a `terminal_rsi.sandbox.pool.SandboxPool` (local and
+    remote endpoints): the task's workspace is seeded and its setup commands run, as
+    `open_task_sandbox` does for local backends. Tasks that need their own image
+    (`environment.image`, a Dockerfile or a compose file) raise EnvironmentUnavailable:
+    open those with `open_task_sandbox(task, "docker")` instead."""
+
+    def factory(task):
+        from terminal_rsi.sandbox import SandboxSpec
+        from terminal_rsi.tasks import EnvironmentUnavailable
+        from terminal_rsi.tasks.verify import seed_files
+
+        env = task.environment
+        if env.image or env.dockerfile or env.compose_file:
+            raise EnvironmentUnavailable(
+                f"task {task.id} needs its own image; a pooled sandbox uses the endpoint's "
+                "default image. Use open_task_sandbox(task, 'docker')")
+        sb = pool.open(SandboxSpec(env=dict(env.env), network=bool(env.network)),
+                       timeout=timeout)
+        try:
+            seed_files(sb, env.files, env.modes)
+            for cmd in env.setup:
+                r = sb.exec(cmd, timeout=max(60.0, task.agent_timeout_s))
+                if not r.ok:
+                    raise EnvironmentUnavailable(f"task {task.id}: setup `{cmd}` failed "
+                                                 f"(exit {r.exit_code}): {r.stderr[-300:]}")
+        except BaseException:
+            sb.close()
+            raise
+        return sb
+
+    return factory
+
+
+def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | None = None,
+                harness: HarnessConfig | None = None, *, policy_version: int | None = None,
+                cancel: threading.Event | None = None, verify: bool = True) -> Trajectory:
+    """Run one episode of `task` with `policy` (see the module doc). Never raises for
+    episode failures (they become terminal reasons); raises EpisodeCancelled if `cancel` is
+    set before the episode finished."""
+    harness = harness or HarnessConfig()
+    sandbox_factory = sandbox_factory or default_sandbox_factory
+    t_start = time.monotonic()
+    timings = {"sandbox_start_s": 0.0, "generation_s": 0.0, "exec_s": 0.0, "verify_s": 0.0,
+               "summarize_s": 0.0}
+    version = int(policy_version if policy_version is not None
+                  else getattr(policy, "version", 0))
+    traj = Trajectory(task_id=task.id, family=task.family, harness=harness.name,
+                      policy_version=version, episode_id=uuid.uuid4().hex[:12],
+                      reward_fn=harness.reward_fn, timings=timings)
+    budget = task.agent_timeout_s if harness.agent_timeout_s is None \
+        else min(harness.agent_timeout_s, task.agent_timeout_s)
+    deadline = t_start + budget
+
+    def cancelled():
+        if cancel is not None and cancel.is_set():
+            raise EpisodeCancelled(f"episode {traj.episode_id} ({task.id}) cancelled")
+
+    try:
+        sb = sandbox_factory(task)
+    except Exception as e:  # noqa: BLE001 - one bad episode never stops a run
+        traj.terminal_reason = TerminalReason.INFRASTRUCTURE_ERROR
+        traj.error = f"sandbox start: {type(e).__name__}: {e}"
+        timings["total_s"] = time.monotonic() - t_start
+        return traj
+    timings["sandbox_start_s"] = time.monotonic() - t_start
+    try:
+        reason = _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled)
+        traj.terminal_reason = reason
+        if reason != TerminalReason.INFRASTRUCTURE_ERROR and verify:
+            _verify_and_reward(task, sb, harness, traj, timings)
+    finally:
+        try:
+            sb.close()
+        except Exception:  # noqa: BLE001
+            pass
+        timings["total_s"] = time.monotonic() - t_start
+    return traj
+
+
+def _summarize(task, policy, harness, context, traj, turn, timings) -> str:
+    t0 = time.monotonic()
+    tok = policy.tokenizer
+    if harness.summarizer is not None:
+        text = harness.summarizer(safe_decode(tok, context))
+    else:
+        req_ids = continuation_ids(tok, "user", SUMMARY_REQUEST, context)
+        out = policy.generate([GenerationRequest(
+            context + req_ids, harness.max_summary_tokens, harness.sampling, task, turn,
+            "summary")])[0]
+        text = safe_decode(tok, out.token_ids)
+    timings["summarize_s"] += time.monotonic() - t0
+    return text
+
+
+def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) -> TerminalReason:
+    from terminal_rsi.sandbox import SandboxError
+
+    tok = policy.tokenizer
+    prompt = _render(tok, _initial_messages(task, harness))
+    context = list(prompt)
+    new_prompt = list(prompt)
+    segment = 0
+    last_obs = ""
+    for turn in range(harness.max_turns):
+        cancelled()
+        if time.monotonic() >= deadline:
+            return TerminalReason.AGENT_TIMEOUT
+        if (harness.summarize_threshold is not None and traj.turns
+                and len(context) > harness.summarize_threshold):
+            summary = _summarize(task, policy, harness, context, traj, turn, timings)
+            summary += f"\n\nOutput of your last commands:\n{last_obs}" if last_obs else ""
+            segment += 1
+            traj.segments.append(Segment(segment, turn, segment - 1, summary))
+            new_prompt = _render(tok, _initial_messages(task, harness, summary))
+            context = list(new_prompt)
+        if len(context) >= harness.max_input_tokens:
+            return TerminalReason.CONTEXT_OVERFLOW
+        t0 = time.monotonic()
+        out = policy.generate([GenerationRequest(
+            list(context), harness.max_output_tokens, harness.sampling, task, turn)])[0]
+        timings["generation_s"] += time.monotonic() - t0
+        cancelled()
+        rec = Turn(prompt_ids=new_prompt, sampled_ids=list(out.token_ids),
+                   logprobs=list(out.logprobs), segment=segment, stop_reason=out.stop_reason,
+                   policy_version=out.policy_version)
+        traj.turns.append(rec)
+        if traj.prompt_at(turn) != context:  # the linear-history invariant
+            raise AssertionError(f"turn {turn}: rebuilt prompt differs from the prompt fed")
+        context += rec.sampled_ids
+        new_prompt = []
+        if out.stop_reason == "context":
+            return TerminalReason.CONTEXT_OVERFLOW
+        text = safe_decode(tok, rec.sampled_ids)
+        try:
+            action = parse_action(text)
+        except ActionParseError as e:
+            rec.parse_error = str(e)
+            action, note = None, f"ERROR: could not parse your reply as an action: {e}"
+            if out.stop_reason == "length":
+                note += (f" (your reply was cut at the limit of {harness.max_output_tokens} "
+                         "tokens per turn: write shorter actions)")
+        else:
+            note = ""
+        results = []
+        if action is not None:
+            t0 = time.monotonic()
+            for cmd in action.commands:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                timeout = min(cmd.timeout, harness.max_command_timeout_s, remaining)
+                try:
+                    r = sb.exec(cmd.keystrokes, timeout=max(timeout, 0.1))
+                except SandboxError as e:
+                    traj.error = f"sandbox exec: {type(e).__name__}: {e}"
+                    timings["exec_s"] += time.monotonic() - t0
+                    return TerminalReason.INFRASTRUCTURE_ERROR
+                results.append((dataclasses.replace(cmd, timeout=timeout), r))
+            timings["exec_s"] += time.monotonic() - t0
+            if action.task_complete:
+                traj.declared_complete_turn = turn
+                return TerminalReason.DECLARED_COMPLETE
+        obs = format_observation(results, max_chars=harness.max_observation_chars, note=note)
+        last_obs = obs
+        if turn + 1 < harness.max_turns:
+            rec.observation_ids = continuation_ids(tok, harness.observation_role, obs,
+                                                   rec.sampled_ids)
+            context += rec.observation_ids
+    return TerminalReason.MAX_TURNS
+
+
+def _verify_and_reward(task, sb, harness, traj, timings) -> None:
+    from terminal_rsi.rewards import FamilyDivisors, get_reward_fn
+    from terminal_rsi.tasks import VerifierError, verify
+
+    t0 = time.monotonic()
+    try:
+        res = verify(task, sb, backend=harness.verify_backend)
+    except VerifierError as e:
+        traj.terminal_reason = TerminalReason.VERIFIER_ERROR
+        traj.error = str(e)
+        return
+    except Exception as e:  # noqa: BLE001 - the sandbox died under the verifier
+        traj.terminal_reason = TerminalReason.INFRASTRUCTURE_ERROR
+        traj.error = f"verification: {type(e).__name__}: {e}"
+        return
+    finally:
+        timings["verify_s"] = time.monotonic() - t0
+    traj.report = res.report.to_dict()
+    traj.S, traj.P, traj.N = int(res.S), int(res.P), int(res.N)
+    divisors = harness.divisors if harness.divisors is not None else FamilyDivisors()
+    r = float(get_reward_fn(harness.reward_fn)(res.report, task.family, divisors))
+    traj.reward = r if math.isfinite(r) else 0.0

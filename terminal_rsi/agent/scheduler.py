@@ -1,0 +1,338 @@
+"""Rollout scheduler: many concurrent episodes, generation batched across them (paper §3.1,
+Appendix A), oversampling, and a one-batch-ahead asynchronous mode.
+
+    sched = RolloutScheduler(policy, harness, sandbox_factory, SchedulerConfig(concurrency=16))
+    result = sched.collect(tasks, batch_size=256)       # launches ceil(256 * 1.125) = 288
+    result.trajectories   # the first 256 to finish;  result.stats: completion-time stats
+
+Each episode runs in its own thread (sandbox commands block only that thread). Episodes do
+not call the policy directly: they submit their prompt to a `BatchingPolicy`, whose one
+central loop gathers the pending prompts of all episodes waiting on the policy (it waits
+until every running episode is waiting, or `max_batch_wait_s` after the first prompt) and
+runs them as one `policy.generate` batch. So episodes waiting on a command never hold up
+others, and generation runs at the largest batch available.
+
+Oversampling: `collect` launches B' = ceil(B (1 + oversample)) episodes and keeps the
+first B to finish with a trainable outcome (drop-policy episodes do not count). Stragglers
+are cancelled at their next turn boundary (`keep_stragglers=False`), or run to the end and
+are returned separately (`keep_stragglers=True`). `stats` records completion times of kept
+and straggling episodes and the reward of kept versus all finished episodes, so the
+selection bias toward fast episodes is visible.
+
+Asynchronous mode (`AsyncRollouts`): while the trainer updates on batch k, batch k+1 is
+already rolling out with the policy version of that moment; every trajectory (and every
+turn) records the version that generated it, and `stats["policy_lag_mean"]` is the lag at
+hand-off. The train/rollout log-probability gap is `packing`-side: `logprob_gap`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from terminal_rsi.agent.harness import (
+    EpisodeCancelled,
+    GenerationOutput,
+    GenerationRequest,
+    HarnessConfig,
+    run_episode,
+)
+from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """concurrency: episodes in flight (threads / sandboxes). oversample: B' = ceil(B (1 +
+    oversample)) (the paper: 288 for 256, i.e. 0.125). keep_stragglers: let episodes past the
+    first B finish and return them (else cancel them). max_batch_wait_s: how long the batching
+    loop waits for more prompts after the first. progress: print a progress line to stderr."""
+
+    concurrency: int = 16
+    oversample: float = 0.125
+    keep_stragglers: bool = False
+    max_batch_wait_s: float = 0.02
+    progress: bool = False
+
+    def __post_init__(self):
+        if self.concurrency < 1:
+            raise ValueError(f"SchedulerConfig.concurrency must be >= 1, got {self.concurrency}")
+        if self.oversample < 0:
+            raise ValueError(f"SchedulerConfig.oversample must be >= 0, got {self.oversample}")
+
+
+class BatchingPolicy:
+    """Gathers `generate` calls from episode threads into batched calls of `policy`."""
+
+    def __init__(self, policy, max_batch_wait_s: float = 0.02):
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.max_batch_wait_s = max_batch_wait_s
+        self._cond = threading.Condition()
+        self._queue: list[tuple[list[GenerationRequest], cf.Future]] = []
+        self._running = 0  # episodes that may still call generate
+        self._closed = False
+        self.batch_sizes: list[int] = []
+        self.generated_tokens = 0
+        self._thread = threading.Thread(target=self._loop, name="batching-policy", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return int(getattr(self.policy, "version", 0))
+
+    def episode_started(self) -> None:
+        with self._cond:
+            self._running += 1
+
+    def episode_finished(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        fut: cf.Future = cf.Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("BatchingPolicy is closed")
+            self._queue.append((list(requests), fut))
+            self._cond.notify_all()
+        return fut.result()
+
+    def _take(self):
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed and not self._queue:
+                return None
+            deadline = time.monotonic() + self.max_batch_wait_s
+            while (len(self._queue) < self._running and not self._closed
+                   and time.monotonic() < deadline):
+                self._cond.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            items, self._queue = self._queue, []
+            return items
+
+    def _loop(self) -> None:
+        while True:
+            items = self._take()
+            if items is None:
+                return
+            flat = [r for reqs, _ in items for r in reqs]
+            try:
+                outs = self.policy.generate(flat)
+            except BaseException as e:  # noqa: BLE001 - hand the error to every caller
+                for _, fut in items:
+                    fut.set_exception(e)
+                continue
+            self.batch_sizes.append(len(flat))
+            self.generated_tokens += sum(len(o.token_ids) for o in outs)
+            k = 0
+            for reqs, fut in items:
+                fut.set_result(outs[k:k + len(reqs)])
+                k += len(reqs)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    trajectories: list[Trajectory]  # the first B trainable episodes to finish
+    stragglers: list[Trajectory]  # finished after the first B (keep_stragglers=True)
+    dropped: list[Trajectory]  # drop-policy episodes (infrastructure / verifier errors)
+    stats: dict[str, float]
+    errors: list[str] = dataclasses.field(default_factory=list)  # episodes that raised
+
+
+def _progress_line(done: int, total: int, t0: float, trajs: Sequence[Trajectory]) -> str:
+    el = max(time.monotonic() - t0, 1e-9)
+    n = max(len(trajs), 1)
+    success = sum(t.S for t in trajs) / n
+    turns = sum(len(t.turns) for t in trajs) / n
+    return (f"\r[rollout] {done}/{total} episodes  {done / el:.2f} ep/s  success "
+            f"{success:.2f}  mean turns {turns:.1f}")
+
+
+class RolloutScheduler:
+    """Runs episodes concurrently over sandboxes from `sandbox_factory` (e.g. local
+    sandboxes, or a `SandboxPool`-backed factory) with cross-episode generation batching."""
+
+    def __init__(self, policy, harness: HarnessConfig | None = None,
+                 sandbox_factory: Callable[[Any], Any] | None = None,
+                 config: SchedulerConfig | None = None):
+        self.policy = policy
+        self.harness = harness or HarnessConfig()
+        self.sandbox_factory = sandbox_factory
+        self.config = config or SchedulerConfig()
+
+    def num_launch(self, batch_size: int) -> int:
+        return int(math.ceil(batch_size * (1.0 + self.config.oversample) - 1e-9))
+
+    def collect(self, tasks: Iterable, batch_size: int, *,
+                policy_version: int | None = None) -> RolloutResult:
+        """Launch B' = num_launch(B) episodes (tasks taken in order from `tasks`) and return
+        the first B trainable ones to finish (see the module doc). `policy_version` (default:
+        the policy's current version) is recorded in every trajectory; each turn also records
+        the version that actually generated it."""
+        cfg = self.config
+        launch = list(itertools.islice(iter(tasks), self.num_launch(batch_size)))
+        if not launch:
+            raise ValueError("collect needs at least one task")
+        batcher = BatchingPolicy(self.policy, cfg.max_batch_wait_s)
+        version = batcher.version if policy_version is None else int(policy_version)
+        cancel = threading.Event()
+        t0 = time.monotonic()
+        finish: dict[int, float] = {}
+
+        def work(i, task):
+            if cancel.is_set():
+                raise EpisodeCancelled("cancelled before start")
+            batcher.episode_started()
+            try:
+                return run_episode(task, batcher, self.sandbox_factory, self.harness,
+                                   policy_version=version, cancel=cancel)
+            finally:
+                batcher.episode_finished()
+                finish[i] = time.monotonic() - t0
+
+        kept: list[Trajectory] = []
+        kept_idx: list[int] = []
+        stragglers: list[Trajectory] = []
+        dropped: list[Trajectory] = []
+        cancelled = 0
+        errors: list[str] = []
+        pool = cf.ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="episode")
+        try:
+            futs = {pool.submit(work, i, t): i for i, t in enumerate(launch)}
+            for fut in cf.as_completed(futs):
+                i = futs[fut]
+                try:
+                    traj = fut.result()
+                except EpisodeCancelled:
+                    cancelled += 1
+                    continue
+                except Exception as e:  # noqa: BLE001 - one bad episode never stops a run
+                    errors.append(f"{launch[i].id}: {type(e).__name__}: {e}")
+                    continue
+                traj.meta["launch_index"] = i
+                traj.meta["finish_s"] = finish.get(i, time.monotonic() - t0)
+                if traj.training_policy == TrainingPolicy.DROP:
+                    dropped.append(traj)
+                elif len(kept) < batch_size:
+                    kept.append(traj)
+                    kept_idx.append(i)
+                    if len(kept) == batch_size and not cfg.keep_stragglers:
+                        cancel.set()
+                else:
+                    stragglers.append(traj)
+                if cfg.progress:
+                    done = len(kept) + len(stragglers) + len(dropped)
+                    sys.stderr.write(_progress_line(done, len(launch), t0, kept + stragglers))
+                    sys.stderr.flush()
+        finally:
+            cancel.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            batcher.close()
+        if cfg.progress:
+            sys.stderr.write("\n")
+        elapsed = time.monotonic() - t0
+        stats = self._stats(kept, stragglers, dropped, cancelled, len(launch), elapsed, batcher,
+                            errors)
+        return RolloutResult(kept, stragglers, dropped, stats, errors)
+
+    def _stats(self, kept, stragglers, dropped, cancelled, launched, elapsed, batcher,
+               errors) -> dict[str, float]:
+        def mean(xs):
+            return float(np.mean(xs)) if len(xs) else float("nan")
+
+        fin = kept + stragglers
+        kept_t = [t.meta["finish_s"] for t in kept]
+        st = {
+            "launched": float(launched),
+            "kept": float(len(kept)),
+            "stragglers": float(len(stragglers)),
+            "dropped": float(len(dropped)),
+            "cancelled": float(cancelled),
+            "episode_errors": float(len(errors)),
+            "elapsed_s": elapsed,
+            "episodes_per_s": len(fin) / max(elapsed, 1e-9),
+            "success_rate": mean([t.S for t in kept]),
+            "mean_turns": mean([len(t.turns) for t in kept]),
+            "mean_reward_kept": mean([t.reward for t in kept]),
+            "mean_reward_all_finished": mean([t.reward for t in fin]),
+            "finish_s_p50_kept": float(np.median(kept_t)) if kept_t else float("nan"),
+            "finish_s_max_kept": float(max(kept_t)) if kept_t else float("nan"),
+            "finish_s_mean_stragglers": mean([t.meta["finish_s"] for t in stragglers]),
+            "mean_turns_stragglers": mean([len(t.turns) for t in stragglers]),
+            "generated_tokens": float(batcher.generated_tokens),
+            "generated_tokens_per_s": batcher.generated_tokens / max(elapsed, 1e-9),
+            "mean_generation_batch": mean(batcher.batch_sizes),
+            "policy_calls": float(len(batcher.batch_sizes)),
+        }
+        return st
+
+
+class AsyncRollouts:
+    """One-batch-ahead rollouts: `next()` returns batch k and has already launched batch
+    k+1, which rolls out (with whatever policy version is current) while the caller trains
+    on batch k. Stats gain `policy_lag_mean`/`policy_lag_max` (current version minus the
+    version each kept episode started with) at hand-off."""
+
+    def __init__(self, scheduler: RolloutScheduler, task_batches: Iterator[Sequence],
+                 batch_size: int):
+        self.scheduler = scheduler
+        self.task_batches = iter(task_batches)
+        self.batch_size = batch_size
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="async-rollout")
+        self._next: cf.Future | None = None
+        self._launch()
+
+    def _launch(self) -> None:
+        try:
+            tasks = next(self.task_batches)
+        except StopIteration:
+            self._next = None
+            return
+        version = int(getattr(self.scheduler.policy, "version", 0))
+        self._next = self._pool.submit(self.scheduler.collect, tasks, self.batch_size,
+                                       policy_version=version)
+
+    def next(self) -> RolloutResult:
+        if self._next is None:
+            raise StopIteration("no more task batches")
+        t0 = time.monotonic()
+        result = self._next.result()
+        wait = time.monotonic() - t0
+        self._launch()
+        current = int(getattr(self.scheduler.policy, "version", 0))
+        lags = [current - t.policy_version for t in result.trajectories]
+        result.stats["policy_lag_mean"] = float(np.mean(lags)) if lags else float("nan")
+        result.stats["policy_lag_max"] = float(max(lags)) if lags else float("nan")
+        result.stats["rollout_wait_s"] = wait
+        return result
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def logprob_gap(rollout_logprobs: np.ndarray, train_logprobs: np.ndarray,
+                gen_mask: np.ndarray) -> dict[str, float]:
+    """Train/rollout log-probability gap over generated positions ([B, L] each): mean and
+    max |train - rollout|, and the mean of (train - rollout)."""
+    m = np.asarray(gen_mask, bool)
+    d = (np.asarray(train_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64))[m]
+    if d.size == 0:
+        return {"logprob_gap_mean_abs": 0.0, "logprob_gap_max_abs": 0.0, "logprob_gap_mean": 0.0}
+    return {"logprob_gap_mean_abs": float(np.abs(d).mean()),
+            "logprob_gap_max_abs": float(np.abs(d).max()), "logprob_gap_mean": float(d.mean())}

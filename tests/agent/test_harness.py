@@ -1,0 +1,187 @@
+"""Episodes through the full harness: reference solutions reach S = 1, malformed actions,
+budgets (max turns, context overflow, agent timeout), summarization segments, failures."""
+
+import numpy as np
+import pytest
+
+from terminal_rsi.agent import (
+    HarnessConfig,
+    ReferencePolicy,
+    ScriptedPolicy,
+    TerminalReason,
+    pack_trajectories,
+)
+from terminal_rsi.agent.harness import reference_action, run_episode
+from terminal_rsi.models.tokenizer import ByteTokenizer
+from terminal_rsi.sampling import Buckets
+from terminal_rsi.sandbox import SandboxLost
+from terminal_rsi.tasks import get_suite, open_task_sandbox
+
+TOK = ByteTokenizer()
+BUCKETS = Buckets(prefill_chunk=64, cache_multiple=64, batch_multiple=1, power_of_two=False)
+
+
+def _task(family, seed=0):
+    split = "train"
+    return next(iter(get_suite("builtin", split, families=[family], n_per_family=1,
+                               start_seed=seed)))
+
+
+@pytest.mark.parametrize("family", ["create_file", "hint_lookup", "fix_script"])
+def test_reference_policy_reaches_success(family):
+    task = _task(family)
+    traj = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(max_turns=6))
+    assert traj.terminal_reason == TerminalReason.DECLARED_COMPLETE, traj.error
+    assert traj.S == 1 and traj.P == traj.N > 0 and traj.reward > 0
+    assert len(traj.turns) == len(task.solution) == traj.declared_complete_turn + 1
+    assert traj.report["valid"] and traj.report["strict_success"]
+    # token-in/token-out: every turn's sampled ids decode to the action it took
+    for i, t in enumerate(traj.turns):
+        assert TOK.decode(t.sampled_ids, skip_special=True) == reference_action(task, i)
+        assert t.sampled_ids[-1] in TOK.stop_ids and t.parse_error is None
+    assert traj.turns[-1].observation_ids == []
+    for i in range(len(traj.turns) - 1):  # observations are rendered observation messages
+        obs = traj.turns[i].observation_ids
+        assert obs[0] == TOK.role_id("observation") and obs[-1] == TOK.special_ids[
+            "<|assistant|>"]
+    batch = pack_trajectories([traj], buckets=BUCKETS)
+    assert batch.dones.sum() == 1 and np.isclose(batch.rewards.sum(), traj.reward)
+
+
+def test_malformed_action_is_an_observation_and_the_episode_goes_on():
+    task = _task("create_file")
+
+    def script(r):
+        return "I will not answer in JSON" if r.turn == 0 else reference_action(task, r.turn - 1)
+
+    traj = run_episode(task, ScriptedPolicy(TOK, script), harness=HarnessConfig(max_turns=4))
+    assert traj.turns[0].parse_error and "no JSON object" in traj.turns[0].parse_error
+    obs = TOK.decode(traj.turns[0].observation_ids, skip_special=True)
+    assert "could not parse your reply" in obs
+    assert traj.terminal_reason == TerminalReason.DECLARED_COMPLETE and traj.S == 1
+    assert traj.declared_complete_turn == 1
+
+
+def test_max_turns_is_verified_and_rewarded():
+    task = _task("create_file")
+    pol = ScriptedPolicy(TOK, lambda r: '{"commands": [{"keystrokes": "true"}]}')
+    traj = run_episode(task, pol, harness=HarnessConfig(max_turns=3))
+    assert traj.terminal_reason == TerminalReason.MAX_TURNS and len(traj.turns) == 3
+    assert traj.S == 0 and traj.report is not None and traj.declared_complete_turn is None
+    batch = pack_trajectories([traj], buckets=BUCKETS)
+    assert batch.dones.sum() == 1  # keep_reward: terminal even though S = 0
+
+
+def test_context_overflow_by_input_budget():
+    task = _task("hint_lookup")
+    probe = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(max_turns=1),
+                        verify=False)
+    budget = len(probe.turns[0].prompt_ids) + 40  # room for turn 0 only
+    traj = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(
+        max_turns=6, max_input_tokens=budget, summarize_threshold=None))
+    assert traj.terminal_reason == TerminalReason.CONTEXT_OVERFLOW and len(traj.turns) == 1
+    batch = pack_trajectories([traj], buckets=BUCKETS)
+    assert batch.truncated[0] and not batch.dones.any() and not batch.rewards.any()
+
+
+def test_output_budget_truncates_turn():
+    task = _task("create_file")
+    traj = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(
+        max_turns=2, max_output_tokens=10))
+    assert all(len(t.sampled_ids) == 10 and t.stop_reason == "length" for t in traj.turns)
+    assert traj.turns[0].parse_error is not None
+    assert traj.turns[0].observation_ids[0] == TOK.end_id  # the cut reply is closed
+    assert traj.terminal_reason == TerminalReason.MAX_TURNS
+
+
+def test_summarization_starts_a_linked_segment():
+    task = _task("fix_script")  # 3 turns
+    probe = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(max_turns=1),
+                        verify=False)
+    seen = []
+
+    def summarizer(history):
+        seen.append(history)
+        return "SUMMARY"
+
+    h = HarnessConfig(max_turns=6, summarize_threshold=len(probe.turns[0].prompt_ids) + 1,
+                      summarizer=summarizer)
+    traj = run_episode(task, ReferencePolicy(TOK), harness=h)
+    assert traj.terminal_reason == TerminalReason.DECLARED_COMPLETE and traj.S == 1
+    assert [t.segment for t in traj.turns] == [0, 1, 2]
+    assert [(s.index, s.start_turn, s.previous) for s in traj.segments] == [
+        (0, 0, None), (1, 1, 0), (2, 2, 1)]
+    assert traj.segments[1].summary.startswith("SUMMARY") and len(seen) == 2
+    assert "SUMMARY" in TOK.decode(traj.turns[1].prompt_ids)  # rendered afresh
+    batch = pack_trajectories([traj], buckets=BUCKETS)
+    assert batch.num_rows == 3 and list(batch.next_row[:3]) == [1, 2, -1]
+    assert list(batch.truncated[:3]) == [True, True, False] and batch.dones[2].any()
+
+
+def test_policy_summarizer():
+    task = _task("hint_lookup")
+    h = HarnessConfig(max_turns=4, summarize_threshold=50)
+    pol = ReferencePolicy(TOK)
+    traj = run_episode(task, pol, harness=h)
+    assert traj.S == 1 and len(traj.segments) == 2
+    assert traj.segments[1].summary.startswith("Summary: following")
+    assert pol.calls == 3  # two actions and one summary
+
+
+def test_agent_timeout():
+    task = _task("create_file")
+    pol = ScriptedPolicy(TOK, lambda r: '{"commands": [{"keystrokes": "sleep 5", '
+                                        '"timeout": 10}]}')
+    traj = run_episode(task, pol, harness=HarnessConfig(max_turns=5, agent_timeout_s=0.5))
+    assert traj.terminal_reason == TerminalReason.AGENT_TIMEOUT and len(traj.turns) == 1
+    assert "[timed out" in TOK.decode(traj.turns[0].observation_ids)
+    assert traj.report is not None  # verified as is
+
+
+def test_infrastructure_and_verifier_errors_are_dropped():
+    task = _task("create_file")
+
+    def broken(_task):
+        raise OSError("no sandbox host")
+
+    a = run_episode(task, ReferencePolicy(TOK), broken)
+    assert a.terminal_reason == TerminalReason.INFRASTRUCTURE_ERROR and "no sandbox" in a.error
+
+    class LosesArtifacts:  # a real sandbox whose artifact download fails after the episode
+        def __init__(self, sb):
+            self.sb = sb
+
+        def exec(self, *a, **k):
+            return self.sb.exec(*a, **k)
+
+        def get_tar(self, *a, **k):
+            raise SandboxLost("sandbox host went away")
+
+        def close(self):
+            self.sb.close()
+
+    b = run_episode(task, ReferencePolicy(TOK),
+                    lambda t: LosesArtifacts(open_task_sandbox(t, "local")))
+    assert b.terminal_reason == TerminalReason.VERIFIER_ERROR and b.report is None
+    batch = pack_trajectories([a, b], buckets=BUCKETS)
+    assert batch.num_rows == 0 and batch.dropped == [0, 1]
+
+
+def test_safe_decode_handles_ids_past_the_tokenizer_vocabulary():
+    from terminal_rsi.agent.harness import safe_decode
+
+    ids = TOK.encode("ab") + [TOK.vocab_size + 5] + TOK.encode("c") + [TOK.end_id]
+    assert safe_decode(TOK, ids) == "ab\ufffdc"
+
+
+def test_real_trajectory_roundtrips_through_a_shard(tmp_path):
+    from terminal_rsi.agent import read_shard, write_shard
+
+    traj = run_episode(_task("hint_lookup"), ReferencePolicy(TOK),
+                       harness=HarnessConfig(max_turns=4, summarize_threshold=50))
+    write_shard(tmp_path / "s.jsonl", [traj])
+    (back,) = read_shard(tmp_path / "s.jsonl")
+    assert back.to_dict() == traj.to_dict() and back.report["passed"] == traj.P
+    assert back.terminal_reason == TerminalReason.DECLARED_COMPLETE
+    for i in range(len(back.turns)):
+        assert back.prompt_at(i) == traj.prompt_at(i)
