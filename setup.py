@@ -20,6 +20,7 @@ EXTRAS = {
         "hypothesis>=6.100,<7",
         "pytest-json-ctrf>=0.6,<0.7",
         "matplotlib>=3.7,<4",
+        "pandas>=2,<4",  # trajectory shards must stay readable with pandas (tests/agent)
     ],
     "dev": [
         "ruff>=0.6",
