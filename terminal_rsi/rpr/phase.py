@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -169,8 +170,13 @@ def _states(config, mcfg):
     from terminal_rsi.models.transformer import DecoderLM, ValueModel
     from terminal_rsi.train_state import create_train_state
 
-    actor = create_train_state(DecoderLM, mcfg, _opt(config.actor_opt), seed=config.seed)
-    critic = create_train_state(ValueModel, mcfg, _opt(config.critic_opt), seed=config.seed + 1)
+    # Initial states are cached per process (the sharded init compiles slowly on CPU) and
+    # handed out as copies, since the update steps donate their input state.
+    oa, oc = _opt(config.actor_opt), _opt(config.critic_opt)
+    actor, critic = _cached(("init", mcfg, oa, oc, config.seed), lambda: (
+        create_train_state(DecoderLM, mcfg, oa, seed=config.seed),
+        create_train_state(ValueModel, mcfg, oc, seed=config.seed + 1)))
+    actor, critic = jax.tree.map(jnp.copy, (actor, critic))
     if config.init.actor_weights:
         actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
                                                     actor.params))

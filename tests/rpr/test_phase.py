@@ -46,12 +46,9 @@ def runs(tmp_path_factory):
     def on_step(step, actor, critic, row):
         first[step] = (_np(actor.params), _np(critic.params), row)
 
-    from terminal_rsi.models.transformer import DecoderLM
-    from terminal_rsi.rpr.phase import model_config
-    from terminal_rsi.train_state import OptimizerConfig, create_train_state
+    from terminal_rsi.rpr.phase import _states, model_config
 
-    init_actor = _np(create_train_state(DecoderLM, model_config(config), OptimizerConfig(1e-3),
-                                        seed=config.seed).params)
+    init_actor = _np(_states(config, model_config(config))[0].params)
     a = run_phase(config, workdir, stop_after=2, on_step=on_step)
     resumed = {}
     second = {}
