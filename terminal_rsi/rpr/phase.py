@@ -228,6 +228,14 @@ def _mean_metrics(ms: list[dict], prefix: str) -> dict:
     return {f"{prefix}/{k}": _finite(np.mean([float(m[k]) for m in ms])) for k in keys}
 
 
+def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None:
+    """1 - Var[G - V] / Var[G] over the batch's generated tokens (None if Var[G] = 0)."""
+    var = float(np.var(returns)) if returns.size else 0.0
+    if var <= 1e-12:
+        return None
+    return float(1.0 - np.var(returns - values) / var)
+
+
 def _shuffle_split(batch: dict, perm: np.ndarray, n: int) -> list[dict]:
     parts = np.split(perm, n)
     return [{k: v[idx] for k, v in batch.items()} for idx in parts]
@@ -347,6 +355,10 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
                                      logprob_fn=logprob_fn, value_fn=value_fn, **adv_kwargs)
         gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
+        mask = np.asarray(packed.gen_mask, bool) & np.asarray(
+            ps.predictable_mask(batch["segment_ids"]))
+        ev_pre = _explained_variance(np.asarray(batch["old_values"])[mask],
+                                     np.asarray(batch["returns"])[mask])
         real = packed.policy_version[packed.policy_version >= 0]
         lag = version - real  # synchronous rollouts: always 0
         critic_only = step <= warmup_steps
@@ -383,6 +395,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             "episode_errors": len(res.errors),
             "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,
             "policy_lag_max": int(np.max(lag)) if lag.size else 0,
+            "value_ev_pre_update": ev_pre,
             **gap,
             **_mean_metrics(cms, "critic"),
             **_mean_metrics(ams, "actor"),
@@ -423,7 +436,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _progress(row: dict, num_steps: int, elapsed: float) -> str:
-    ev = row.get("critic/explained_variance")
+    ev = row.get("value_ev_pre_update")
     s = (f"[rpr] step {row['step']}/{num_steps} {'critic-only' if row['critic_only'] else 'joint'}"
          f"  success {row['reward_binary']:.2f}  reward {row['reward_dense']:.3f}"
          f"  turns {row['turns']:.1f}  EV {ev if ev is None else round(ev, 3)}")

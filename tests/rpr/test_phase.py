@@ -69,7 +69,8 @@ def test_phase_writes_metrics_checkpoints_and_exports(runs):
     for r in rows:
         assert r["episodes"] == 2 and r["turns"] >= 1
         for k in ("reward_binary", "reward_dense", "critic/explained_variance",
-                  "critic/value_clip_frac", "logprob_gap_mean_abs", "policy_lag_mean"):
+                  "critic/value_clip_frac", "logprob_gap_mean_abs", "policy_lag_mean",
+                  "value_ev_pre_update"):
             assert k in r, k
         # π_old recomputed by the training-side actor matches the sampler's logprobs
         assert r["logprob_gap_max_abs"] < 1e-2
@@ -98,3 +99,17 @@ def test_resume_continues_from_the_interrupted_step(runs):
     assert _equal(res["actor"], actor2) and _equal(res["critic"], critic2)
     assert res["data_position"] == row2["data_position"] == 4
     assert runs["second"][3][1]["data_position"] == 6
+
+
+def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
+    from terminal_rsi.rpr.phase import _states, model_config
+
+    config = _config()
+    config.mode = "warmup_critic"
+    init_actor, init_critic = (_np(s.params) for s in _states(config, model_config(config)))
+    res = run_phase(config, str(tmp_path))
+    # 2 training tasks (2 families x 1), batch 2: one pass is one rollout step
+    assert res.step == 1 and [m["critic_only"] for m in res.metrics] == [True]
+    assert _equal(_np(res.actor.params), init_actor)
+    assert not _equal(_np(res.critic.params), init_critic)
+    assert sorted(os.listdir(tmp_path / "export")) == ["critic"]
