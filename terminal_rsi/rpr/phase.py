@@ -430,8 +430,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     if step == num_steps:
         export = os.path.join(workdir, "export")
         if not warmup_mode:
-            export_weights(export, "actor", actor.params)
-        export_weights(export, "critic", critic.params)
+            export_weights(export, "actor", actor.params, force=True)
+        export_weights(export, "critic", critic.params, force=True)
     return PhaseResult(step, metrics, actor, critic, resumed_from)
 
 
