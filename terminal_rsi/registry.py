@@ -21,6 +21,7 @@ EXPERIMENTS: dict[str, str] = {
     "rollouts": "terminal_rsi.agent.rollout_experiment",
     "rescore": "terminal_rsi.rewards.rescore",
     "verify_tasks": "terminal_rsi.tasks.check_tasks",
+    "rpr_phase": "terminal_rsi.rpr.phase",
 }
 
 

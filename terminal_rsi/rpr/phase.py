@@ -1,0 +1,454 @@
+"""The RPR phase loop (§2.4): critic warm-up, PPO updates, in-training eval, checkpoints.
+
+    python experiments/run.py --config=configs/rpr_phase.py --workdir=/tmp/rpr
+    python experiments/run.py --config=configs/rpr_phase.py --config.mode=warmup_critic
+
+One rollout step k (1-based):
+
+  1. collect `rollout.batch_size` episodes on the training tasks (taken cyclically from
+     `data_position`) with the current actor through `RolloutScheduler`; each episode is
+     scored by the phase's frozen reward function (`rewards.fn`: fdr | spr | binary) and
+     divisor table (loaded once at phase start and stored in every checkpoint, so a resumed
+     phase keeps the same table);
+  2. pack, recompute π_old with the training-side actor and the pre-token values, and compute
+     advantages with TB-GAE (γ_turn, λ_turn) or per-token GAE (γ = λ = 1 by default);
+  3. steps k <= `ppo.critic_warmup_steps` (default 4): critic-only updates, actor frozen
+     (its parameters stay bit-identical); later steps: `ppo.epochs` passes of joint PPO over
+     `ppo.num_minibatches` shuffled minibatches, separate jitted critic and actor steps;
+  4. every `eval.every` steps: mean strict success on held-out tasks; every
+     `checkpoint.every` steps (and at the end): a full resume checkpoint (`RunCheckpointer`:
+     both train states, PRNG key, policy version, data position, divisor table);
+  5. one line of metrics appended to `<workdir>/metrics.jsonl` (file rewritten atomically) and
+     a progress line printed.
+
+A run whose workdir holds a checkpoint resumes from the latest one: step counter, train
+states, key, data position and policy version continue, and metric lines of steps after the
+checkpoint are discarded (they belong to the interrupted run).
+
+`mode = "warmup_critic"`: one pass over the training tasks (ceil(#tasks / batch_size)
+rollout steps) with the actor frozen and critic-only updates; the critic is exported with
+`export_weights(<workdir>/export, "critic")` for the next stage.
+
+Limitations: rollouts are synchronous (policy lag is always 0 here; `AsyncRollouts` is not
+wired in); rows of one episode split by summarization are treated as independent chains (the
+TB-GAE carry across `next_row` links is not applied; `truncated_rows` counts them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from terminal_rsi.atomic import atomic_write_text
+from terminal_rsi.configuration import BASE_SCHEMA, Field
+
+MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                "d_ff", "max_seq_len")
+
+SCHEMA = {
+    **BASE_SCHEMA,
+    "mode": Field(str, "phase: RPR phase; warmup_critic: one critic-only pass",
+                  choices=("phase", "warmup_critic")),
+    "num_steps": Field(int, "rollout steps of the phase (mode=phase)", lo=1),
+    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
+    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
+                           optional=True) for k in MODEL_FIELDS},
+    "init.actor_weights": Field(str, "export dir with actor weights (None: random init)",
+                                optional=True),
+    "init.critic_weights": Field(str, "export dir with critic weights (None: random init)",
+                                 optional=True),
+    "tasks.suite": Field(str, "'builtin' or a directory of task dirs"),
+    "tasks.train_split": Field(str, "split of the training tasks"),
+    "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
+    "tasks.n_per_family": Field(int, "built-in instances per family", lo=1),
+    "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
+    "tasks.families": Field(tuple, "families (empty: all in the split)", item_type=str),
+    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker)"),
+    "harness.max_turns": Field(int, "turn budget", lo=1),
+    "harness.max_output_tokens": Field(int, "max tokens per turn", lo=1),
+    "harness.max_input_tokens": Field(int, "max tokens per call", lo=1),
+    "harness.summarize_threshold": Field(int, "context tokens that trigger summarization",
+                                         lo=1, optional=True),
+    "harness.agent_timeout_s": Field(float, "wall clock per episode (None: the task's)",
+                                     lo=0.1, optional=True),
+    "harness.temperature": Field(float, "sampling temperature", lo=0.0),
+    "rewards.fn": Field(str, "frozen reward function of the phase",
+                        choices=("fdr", "spr", "binary")),
+    "rewards.divisors_path": Field(str, "FamilyDivisors JSON (None: defaults, fallback 82)",
+                                   optional=True),
+    "rollout.batch_size": Field(int, "episodes per rollout step (B)", lo=1),
+    "rollout.concurrency": Field(int, "episodes in flight", lo=1),
+    "rollout.oversample": Field(float, "B' = ceil(B (1 + oversample))", lo=0.0),
+    "rollout.cache_multiple": Field(int, "packed row length is rounded to this", lo=1),
+    "rollout.prefill_chunk": Field(int, "sampler prefill chunk", lo=1),
+    "rollout.decode_block": Field(int, "sampler decode block", lo=1),
+    "rollout.progress": Field(bool, "print the scheduler's progress line"),
+    "advantage.estimator": Field(str, "tb_gae | gae", choices=("tb_gae", "gae")),
+    "advantage.gamma_turn": Field(float, "TB-GAE γ_turn", lo=0.0, hi=1.0),
+    "advantage.lambda_turn": Field(float, "TB-GAE λ_turn", lo=0.0, hi=1.0),
+    "advantage.gamma": Field(float, "GAE γ", lo=0.0, hi=1.0),
+    "advantage.lam": Field(float, "GAE λ", lo=0.0, hi=1.0),
+    "ppo.critic_warmup_steps": Field(int, "first rollout steps with critic-only updates", lo=0),
+    "ppo.epochs": Field(int, "passes over each rollout batch", lo=1),
+    "ppo.num_minibatches": Field(int, "minibatches per epoch (updates per epoch)", lo=1),
+    "ppo.num_microbatches": Field(int, "gradient-accumulation slices per minibatch", lo=1),
+    "ppo.clip_low": Field(float, "ε_low", lo=0.0, hi=0.999),
+    "ppo.clip_high": Field(float, "ε_high", lo=0.0),
+    "ppo.value_clip": Field(float, "ε_V", lo=1e-9),
+    "ppo.aggregation": Field(str, "loss aggregation (terminal_rsi.losses.Aggregation value)"),
+    "actor_opt.learning_rate": Field(float, "actor lr", lo=0.0),
+    "actor_opt.weight_decay": Field(float, "actor AdamW weight decay", lo=0.0),
+    "actor_opt.grad_clip": Field(float, "actor global-norm clip", lo=0.0, optional=True),
+    "critic_opt.learning_rate": Field(float, "critic lr", lo=0.0),
+    "critic_opt.weight_decay": Field(float, "critic AdamW weight decay", lo=0.0),
+    "critic_opt.grad_clip": Field(float, "critic global-norm clip", lo=0.0, optional=True),
+    "eval.every": Field(int, "evaluate every N steps (0: never)", lo=0),
+    "eval.num_tasks": Field(int, "held-out tasks per evaluation", lo=1),
+    "checkpoint.every": Field(int, "checkpoint every M steps (and at the end)", lo=1),
+    "checkpoint.max_to_keep": Field(int, "checkpoints kept", lo=1),
+}
+
+
+class PhaseError(RuntimeError):
+    """The phase cannot run as configured (no tasks, a batch that cannot be split, ...)."""
+
+
+# Compiled functions are cached per process, so repeated phases (tests, pipelines) reuse them.
+_CACHE: dict[Any, Any] = {}
+
+
+def _cached(key, build: Callable[[], Any]):
+    if key not in _CACHE:
+        _CACHE[key] = build()
+    return _CACHE[key]
+
+
+@dataclasses.dataclass
+class PhaseResult:
+    step: int
+    metrics: list[dict]
+    actor: Any
+    critic: Any
+    resumed_from: int | None
+
+
+def model_config(config):
+    from terminal_rsi.models.config import get_model_config
+
+    over = {k: config.model[k] for k in MODEL_FIELDS if config.model.get(k) is not None}
+    return get_model_config(config.model.preset, **over)
+
+
+def ppo_config(config):
+    from terminal_rsi.losses import Aggregation, PPOConfig
+
+    p = config.ppo
+    return PPOConfig(clip_low=p.clip_low, clip_high=p.clip_high, value_clip=p.value_clip,
+                     aggregation=Aggregation(p.aggregation))
+
+
+def _opt(section):
+    from terminal_rsi.train_state import OptimizerConfig
+
+    return OptimizerConfig(learning_rate=section.learning_rate,
+                           weight_decay=section.weight_decay, grad_clip=section.grad_clip)
+
+
+def _states(config, mcfg):
+    from terminal_rsi.checkpoint import import_weights
+    from terminal_rsi.models.transformer import DecoderLM, ValueModel
+    from terminal_rsi.train_state import create_train_state
+
+    # Initial states are cached per process (the sharded init compiles slowly on CPU) and
+    # handed out as copies, since the update steps donate their input state.
+    oa, oc = _opt(config.actor_opt), _opt(config.critic_opt)
+    actor, critic = _cached(("init", mcfg, oa, oc, config.seed), lambda: (
+        create_train_state(DecoderLM, mcfg, oa, seed=config.seed),
+        create_train_state(ValueModel, mcfg, oc, seed=config.seed + 1)))
+    actor, critic = jax.tree.map(jnp.copy, (actor, critic))
+    if config.init.actor_weights:
+        actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
+                                                    actor.params))
+    if config.init.critic_weights:
+        critic = critic.replace(params=import_weights(config.init.critic_weights, "critic",
+                                                      critic.params))
+    return actor, critic
+
+
+def _tasks(config, split, n_per_family):
+    from terminal_rsi.tasks import get_suite
+
+    t = config.tasks
+    tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
+                           families=tuple(t.families) or None))
+    if not tasks:
+        raise PhaseError(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
+    return tasks
+
+
+def _divisors(config):
+    from terminal_rsi.rewards import FamilyDivisors
+
+    if config.rewards.divisors_path:
+        return FamilyDivisors.load(config.rewards.divisors_path)
+    return FamilyDivisors()
+
+
+def _read_metrics(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _write_metrics(path: str, rows: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def _finite(x):
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _mean_metrics(ms: list[dict], prefix: str) -> dict:
+    if not ms:
+        return {}
+    keys = ms[0].keys()
+    return {f"{prefix}/{k}": _finite(np.mean([float(m[k]) for m in ms])) for k in keys}
+
+
+def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None:
+    """1 - Var[G - V] / Var[G] over the batch's generated tokens (None if Var[G] = 0)."""
+    var = float(np.var(returns)) if returns.size else 0.0
+    if var <= 1e-12:
+        return None
+    return float(1.0 - np.var(returns - values) / var)
+
+
+def _shuffle_split(batch: dict, perm: np.ndarray, n: int) -> list[dict]:
+    parts = np.split(perm, n)
+    return [{k: v[idx] for k, v in batch.items()} for idx in parts]
+
+
+def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
+              stop_after: int | None = None,
+              on_step: Callable[[int, Any, Any, dict], None] | None = None,
+              on_resume: Callable[[Any], None] | None = None) -> PhaseResult:
+    """Run (or resume) the phase in `workdir`. `stop_after`: stop once that step is done (a
+    simulated interruption; a checkpoint is written there). `on_step(step, actor, critic,
+    metrics)` and `on_resume(resume_state)` are hooks for tests and drivers."""
+    from flax import nnx  # noqa: F401  (models need flax)
+
+    from terminal_rsi import ppo_step as ps
+    from terminal_rsi.agent import (
+        HarnessConfig,
+        RolloutScheduler,
+        SamplerPolicy,
+        SamplingSettings,
+        SchedulerConfig,
+        pack_trajectories,
+    )
+    from terminal_rsi.agent.scheduler import logprob_gap
+    from terminal_rsi.checkpoint import RunCheckpointer, export_weights
+    from terminal_rsi.models.tokenizer import ByteTokenizer
+    from terminal_rsi.rewards import FamilyDivisors
+    from terminal_rsi.sampling import Buckets, Sampler
+    from terminal_rsi.tasks import open_task_sandbox
+
+    os.makedirs(workdir, exist_ok=True)
+    tok = ByteTokenizer()
+    mcfg = model_config(config)
+    if mcfg.vocab_size < tok.vocab_size:
+        raise PhaseError(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
+                         f"{tok.vocab_size}; set config.model.vocab_size")
+    pcfg = ppo_config(config)
+    r, p, a = config.rollout, config.ppo, config.advantage
+    train_tasks = _tasks(config, config.tasks.train_split, config.tasks.n_per_family)
+    warmup_mode = config.mode == "warmup_critic"
+    if warmup_mode:
+        num_steps = math.ceil(len(train_tasks) / r.batch_size)
+        warmup_steps = num_steps
+    else:
+        num_steps, warmup_steps = config.num_steps, p.critic_warmup_steps
+
+    actor, critic = _states(config, mcfg)
+    key = jax.random.key(config.seed)
+    divisors = _divisors(config)
+    step, data_position, version, resumed_from = 0, 0, 0, None
+    ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"),
+                           max_to_keep=config.checkpoint.max_to_keep)
+    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    metrics = []
+    if ckpt.latest_step() is not None:
+        rs = ckpt.restore(actor=actor, critic=critic, rngs={"phase": key})
+        actor, critic, key = rs.actor, rs.critic, rs.rngs["phase"]
+        step, data_position, version = rs.step, rs.data_position, rs.policy_version
+        divisors = FamilyDivisors.from_dict(rs.extra["divisors"])
+        resumed_from = step
+        metrics = [m for m in _read_metrics(metrics_path) if m["step"] <= step]
+        _write_metrics(metrics_path, metrics)
+        if on_resume is not None:
+            on_resume(rs)
+        print(f"[rpr] resumed from step {step} (data position {data_position}, "
+              f"policy version {version})")
+    else:
+        _write_metrics(metrics_path, [])
+
+    buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple,
+                      batch_multiple=p.num_minibatches * p.num_microbatches)
+    sampler = _cached(("sampler", mcfg, r.decode_block, buckets),
+                      lambda: Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
+                                      buckets=buckets))
+    m = p.num_microbatches
+    actor_step = _cached(("actor", pcfg, m), lambda: ps.make_actor_step(pcfg, m))
+    critic_step = _cached(("critic", pcfg, m), lambda: ps.make_critic_step(pcfg, m))
+    logprob_fn = _cached(("logprob", m), lambda: ps.make_logprob_fn(m))
+    value_fn = _cached(("value", m), lambda: ps.make_value_fn(m))
+    h = config.harness
+
+    def harness_for(reward_fn):
+        return HarnessConfig(
+            max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
+            max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
+            agent_timeout_s=h.agent_timeout_s, reward_fn=reward_fn, divisors=divisors,
+            sampling=SamplingSettings(temperature=h.temperature),
+            verify_backend=config.tasks.backend)
+
+    def sandbox(task):
+        return open_task_sandbox(task, config.tasks.backend)
+
+    def scheduler(seed, oversample):
+        pol = SamplerPolicy(sampler, actor.params, tok, seed=seed, version=version)
+        return RolloutScheduler(pol, harness_for(config.rewards.fn), sandbox, SchedulerConfig(
+            concurrency=r.concurrency, oversample=oversample, progress=r.progress))
+
+    eval_tasks = None
+    adv_kwargs = ({"estimator": "tb_gae", "gamma_turn": a.gamma_turn,
+                   "lambda_turn": a.lambda_turn} if a.estimator == "tb_gae"
+                  else {"estimator": "gae", "gamma": a.gamma, "lam": a.lam})
+    t_start = time.monotonic()
+    while step < num_steps:
+        step += 1
+        t0 = time.monotonic()
+        key, k_roll, k_perm, k_eval = jax.random.split(key, 4)
+        sched = scheduler(int(jax.random.randint(k_roll, (), 0, 2**31 - 1)), r.oversample)
+        n_launch = sched.num_launch(r.batch_size)
+        launch = [train_tasks[(data_position + i) % len(train_tasks)] for i in range(n_launch)]
+        data_position += n_launch
+        res = sched.collect(launch, r.batch_size, policy_version=version)
+        if not res.trajectories:
+            raise PhaseError(f"step {step}: no trainable episodes ({res.errors[:3]})")
+        packed = pack_trajectories(res.trajectories, buckets=buckets)
+        batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids",
+                                                 "gen_mask", "rewards", "dones", "turn_ids")}
+        batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
+                                     logprob_fn=logprob_fn, value_fn=value_fn, **adv_kwargs)
+        gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
+        mask = np.asarray(packed.gen_mask, bool) & np.asarray(
+            ps.predictable_mask(batch["segment_ids"]))
+        ev_pre = _explained_variance(np.asarray(batch["old_values"])[mask],
+                                     np.asarray(batch["returns"])[mask])
+        real = packed.policy_version[packed.policy_version >= 0]
+        lag = version - real  # synchronous rollouts: always 0
+        critic_only = step <= warmup_steps
+        n_mb = p.num_minibatches
+        if batch["tokens"].shape[0] % (n_mb * m):
+            raise PhaseError(f"packed batch of {batch['tokens'].shape[0]} rows is not "
+                             f"divisible by num_minibatches * num_microbatches = {n_mb * m}")
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
+        cms, ams = [], []
+        np_batch = {k: np.asarray(v) for k, v in batch.items()}
+        for _ in range(p.epochs):
+            perm = rng.permutation(np_batch["tokens"].shape[0])
+            for mb in _shuffle_split(np_batch, perm, n_mb):
+                critic, cm = critic_step(critic, mb)
+                cms.append(jax.device_get(cm))
+                if not critic_only:
+                    actor, am = actor_step(actor, mb)
+                    ams.append(jax.device_get(am))
+        if not critic_only:
+            version += 1
+        trajs = res.trajectories
+        row = {
+            "step": step,
+            "critic_only": critic_only,
+            "policy_version": version,
+            "data_position": data_position,
+            "episodes": len(trajs),
+            "reward_binary": float(np.mean([t.S for t in trajs])),
+            "reward_dense": float(np.mean([t.reward for t in trajs])),
+            "turns": float(np.mean([len(t.turns) for t in trajs])),
+            "generated_tokens": float(np.mean([t.num_generated for t in trajs])),
+            "truncated_rows": int(packed.truncated.sum()),
+            "dropped": len(res.dropped),
+            "episode_errors": len(res.errors),
+            "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,
+            "policy_lag_max": int(np.max(lag)) if lag.size else 0,
+            "value_ev_pre_update": ev_pre,
+            **gap,
+            **_mean_metrics(cms, "critic"),
+            **_mean_metrics(ams, "actor"),
+            "rollout_s": res.stats["elapsed_s"],
+        }
+        if config.eval.every and step % config.eval.every == 0:
+            if eval_tasks is None:
+                eval_tasks = _tasks(config, config.tasks.eval_split,
+                                    config.tasks.eval_n_per_family)[:config.eval.num_tasks]
+            ev = scheduler(int(jax.random.randint(k_eval, (), 0, 2**31 - 1)), 0.0).collect(
+                eval_tasks, len(eval_tasks), policy_version=version)
+            row["eval/success"] = ev.stats["success_rate"]
+            row["eval/reward_dense"] = ev.stats["mean_reward_kept"]
+            row["eval/episodes"] = len(ev.trajectories)
+        row["step_s"] = time.monotonic() - t0
+        row = {k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()}
+        last = step == num_steps or step == stop_after
+        if step % config.checkpoint.every == 0 or last:
+            ckpt.save(step, actor=actor, critic=critic, rngs={"phase": key},
+                      policy_version=version, data_position=data_position,
+                      extra={"divisors": divisors.to_dict(), "mode": config.mode},
+                      force=True)
+            ckpt.wait()
+        metrics.append(row)
+        _write_metrics(metrics_path, metrics)
+        print(_progress(row, num_steps, time.monotonic() - t_start), flush=True)
+        if on_step is not None:
+            on_step(step, actor, critic, row)
+        if stop_after is not None and step >= stop_after:
+            break
+    ckpt.close()
+    if step == num_steps:
+        export = os.path.join(workdir, "export")
+        if not warmup_mode:
+            export_weights(export, "actor", actor.params, force=True)
+        export_weights(export, "critic", critic.params, force=True)
+    return PhaseResult(step, metrics, actor, critic, resumed_from)
+
+
+def _progress(row: dict, num_steps: int, elapsed: float) -> str:
+    ev = row.get("value_ev_pre_update")
+    s = (f"[rpr] step {row['step']}/{num_steps} {'critic-only' if row['critic_only'] else 'joint'}"
+         f"  success {row['reward_binary']:.2f}  reward {row['reward_dense']:.3f}"
+         f"  turns {row['turns']:.1f}  EV {ev if ev is None else round(ev, 3)}")
+    if "actor/clip_frac_low" in row:
+        s += (f"  clip {row['actor/clip_frac_low']:.3f}/{row['actor/clip_frac_high']:.3f}")
+    if "eval/success" in row:
+        s += f"  eval {row['eval/success']:.2f}"
+    return s + f"  {elapsed:.0f}s"
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> PhaseResult:
+    res = run_phase(config, workdir)
+    print(f"[rpr] done at step {res.step}; metrics in {os.path.join(workdir, 'metrics.jsonl')}",
+          file=sys.stderr)
+    return res
