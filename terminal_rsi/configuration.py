@@ -138,6 +138,22 @@ BASE_SCHEMA: dict[str, Field] = {
     "seed": Field(int, "global PRNG seed", lo=0),
 }
 
+# Task pool and harness budgets shared by every experiment that runs episodes
+# (terminal_rsi.agent rollouts, terminal_rsi.rpr phases).
+EPISODE_SCHEMA: dict[str, Field] = {
+    "tasks.suite": Field(str, "'builtin' or a directory of task dirs"),
+    "tasks.n_per_family": Field(int, "built-in instances per family", lo=1),
+    "tasks.families": Field(tuple, "families (empty: all in the split)", item_type=str),
+    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker)"),
+    "harness.max_turns": Field(int, "turn budget", lo=1),
+    "harness.max_output_tokens": Field(int, "max tokens per turn", lo=1),
+    "harness.max_input_tokens": Field(int, "max tokens per call", lo=1),
+    "harness.summarize_threshold": Field(int, "context tokens that trigger summarization",
+                                         lo=1, optional=True),
+    "harness.agent_timeout_s": Field(float, "wall clock per episode (None: the task's)",
+                                     lo=0.1, optional=True),
+}
+
 # Optional multi-host section; add to an experiment's SCHEMA (`{**BASE_SCHEMA,
 # **DISTRIBUTED_SCHEMA, ...}`) and `sharding.distributed_config()` to its config file.
 # experiments/run.py calls `sharding.maybe_initialize_distributed(config)` when present.

@@ -17,25 +17,15 @@ import os
 import ml_collections
 
 from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.configuration import BASE_SCHEMA, Field
+from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
 
 SCHEMA = {
     **BASE_SCHEMA,
+    **EPISODE_SCHEMA,
     "policy.kind": Field(str, "reference | tiny", choices=("reference", "tiny")),
     "policy.temperature": Field(float, "sampling temperature (tiny)", lo=0.0),
-    "tasks.suite": Field(str, "'builtin' or a directory of task dirs"),
     "tasks.split": Field(str, "suite split"),
-    "tasks.n_per_family": Field(int, "built-in instances per family", lo=1),
-    "tasks.families": Field(tuple, "families (empty: all in the split)", item_type=str),
-    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker)"),
     "harness.name": Field(str, "harness variant name recorded in trajectories"),
-    "harness.max_turns": Field(int, "turn budget", lo=1),
-    "harness.max_output_tokens": Field(int, "max tokens per turn", lo=1),
-    "harness.max_input_tokens": Field(int, "max tokens per call", lo=1),
-    "harness.summarize_threshold": Field(int, "context tokens that trigger summarization",
-                                         lo=1, optional=True),
-    "harness.agent_timeout_s": Field(float, "wall clock per episode (None: the task's)",
-                                     lo=0.1, optional=True),
     "harness.reward_fn": Field(str, "reward function", choices=("binary", "fdr", "spr")),
     "rollout.batch_size": Field(int, "episodes kept (B)", lo=1),
     "rollout.concurrency": Field(int, "episodes in flight", lo=1),

@@ -51,13 +51,14 @@ import ml_collections
 import numpy as np
 
 from terminal_rsi.atomic import atomic_write_text
-from terminal_rsi.configuration import BASE_SCHEMA, Field
+from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
 
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                 "d_ff", "max_seq_len")
 
 SCHEMA = {
     **BASE_SCHEMA,
+    **EPISODE_SCHEMA,
     "mode": Field(str, "phase: RPR phase; warmup_critic: one critic-only pass",
                   choices=("phase", "warmup_critic")),
     "num_steps": Field(int, "rollout steps of the phase (mode=phase)", lo=1),
@@ -68,20 +69,9 @@ SCHEMA = {
                                 optional=True),
     "init.critic_weights": Field(str, "export dir with critic weights (None: random init)",
                                  optional=True),
-    "tasks.suite": Field(str, "'builtin' or a directory of task dirs"),
     "tasks.train_split": Field(str, "split of the training tasks"),
     "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
-    "tasks.n_per_family": Field(int, "built-in instances per family", lo=1),
     "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
-    "tasks.families": Field(tuple, "families (empty: all in the split)", item_type=str),
-    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker)"),
-    "harness.max_turns": Field(int, "turn budget", lo=1),
-    "harness.max_output_tokens": Field(int, "max tokens per turn", lo=1),
-    "harness.max_input_tokens": Field(int, "max tokens per call", lo=1),
-    "harness.summarize_threshold": Field(int, "context tokens that trigger summarization",
-                                         lo=1, optional=True),
-    "harness.agent_timeout_s": Field(float, "wall clock per episode (None: the task's)",
-                                     lo=0.1, optional=True),
     "harness.temperature": Field(float, "sampling temperature", lo=0.0),
     "rewards.fn": Field(str, "frozen reward function of the phase",
                         choices=("fdr", "spr", "binary")),
