@@ -17,24 +17,15 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from timing import best_of  # noqa: E402
 
 from terminal_rsi.rewards import parse_ctrf, spr_array, spr_value  # noqa: E402
-
-
-def best_of(fn, repeats=3):
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def write_reports(directory: str, n_reports: int, n_tests: int, seed: int = 0) -> list[str]:

@@ -30,6 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
+from timing import best_of  # noqa: E402
 
 from terminal_rsi import logprobs as lpm  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
@@ -45,15 +46,6 @@ def _model(name: str):
     graphdef, state = nnx.split(nnx.eval_shape(lambda: DecoderLM(cfg, rngs=nnx.Rngs(0))))
     params = jax.jit(lambda: nnx.to_pure_dict(nnx.state(DecoderLM(cfg, rngs=nnx.Rngs(0)))))()
     return cfg, graphdef, params
-
-
-def _timed(fn, repeats: int = 1) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _prompts(batch, length, vocab, seed=0):
@@ -125,7 +117,7 @@ def nocache_decode_cost(cfg, graphdef, params, batch, prompt_len, new, steps):
             b, n = step(params, b, n)
         jax.block_until_ready(b)
 
-    return _timed(run) / steps
+    return best_of(run, 1) / steps
 
 
 def decode_table(names, batches, prompt_len, new, nocache_steps):
