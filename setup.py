@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "test": [
         "pytest>=8,<10",
+        "pytest-xdist>=3.5,<4",  # pyproject addopts: -n auto
         "hypothesis>=6.100,<7",
         "pytest-json-ctrf>=0.6,<0.7",
         "matplotlib>=3.7,<4",

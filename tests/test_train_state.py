@@ -11,6 +11,9 @@ from terminal_rsi import train_state as ts
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
 
+# module-scoped fixtures are expensive: keep this module on one xdist worker
+pytestmark = pytest.mark.xdist_group("train_state")
+
 CFG = ModelConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
                   d_ff=24, max_seq_len=32)
 

@@ -17,6 +17,9 @@ from terminal_rsi.models.transformer import DecoderLM, ValueModel
 
 from .reference import numpy_hidden, numpy_logits, random_hf_weights, train_bpe, write_gguf
 
+# module-scoped fixtures are expensive: keep this module on one xdist worker
+pytestmark = pytest.mark.xdist_group("model_weights")
+
 save_file = pytest.importorskip("safetensors.numpy").save_file
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,

@@ -11,6 +11,9 @@ from terminal_rsi import checkpoint as ck
 from terminal_rsi import ppo_step as ps
 from tests.rpr.helpers import joint_step, states, toy_batch
 
+# module-scoped fixtures are expensive: keep this module on one xdist worker
+pytestmark = pytest.mark.xdist_group("rpr_checkpoint")
+
 
 def _assert_same(a, b):
     la, ta = jax.tree.flatten(a)

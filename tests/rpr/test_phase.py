@@ -12,6 +12,9 @@ from configs.rpr_phase import get_config
 from terminal_rsi.configuration import validate_config
 from terminal_rsi.rpr import SCHEMA, run_phase
 
+# module-scoped fixtures are expensive: keep this module on one xdist worker
+pytestmark = pytest.mark.xdist_group("rpr_phase")
+
 
 def _config():
     c = get_config()

@@ -10,6 +10,9 @@ from terminal_rsi import ppo_step as ps
 from terminal_rsi.losses import PPOConfig
 from tests.rpr.helpers import joint_step, states, toy_batch
 
+# module-scoped fixtures are expensive: keep this module on one xdist worker
+pytestmark = pytest.mark.xdist_group("rpr_ppo_step")
+
 
 def _np(tree):
     return jax.tree.map(lambda x: np.array(x), tree)
