@@ -22,6 +22,7 @@ EXPERIMENTS: dict[str, str] = {
     "rescore": "terminal_rsi.rewards.rescore",
     "verify_tasks": "terminal_rsi.tasks.check_tasks",
     "rpr_phase": "terminal_rsi.rpr.phase",
+    "report": "terminal_rsi.report.experiment",
 }
 
 
