@@ -278,10 +278,10 @@ class Page:
         params: dict[str, Any] = {"format": "png"}
         if selector is not None:
             rect = self.evaluate(
-                "(() => { const e = document.querySelector(%s); if (!e) return null;"
-                " e.scrollIntoView(); const r = e.getBoundingClientRect();"
+                "(() => { const e = document.querySelector(" + json.dumps(selector) + ");"
+                " if (!e) return null; e.scrollIntoView(); const r = e.getBoundingClientRect();"
                 " return {x: r.left + window.scrollX, y: r.top + window.scrollY,"
-                " width: r.width, height: r.height}; })()" % json.dumps(selector))
+                " width: r.width, height: r.height}; })()")
             if not rect or rect["width"] <= 0 or rect["height"] <= 0:
                 raise BrowserError(f"screenshot: no visible element matches {selector!r}")
             rect["height"] = min(rect["height"], max_height)

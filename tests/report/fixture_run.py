@@ -17,7 +17,7 @@ import pathlib
 import numpy as np
 
 from terminal_rsi.agent import HarnessConfig, ReferencePolicy, ScriptedPolicy, write_shard
-from terminal_rsi.agent.harness import reference_action, run_episode
+from terminal_rsi.agent.harness import run_episode
 from terminal_rsi.agent.packing import pack_trajectories
 from terminal_rsi.credit import tb_gae
 from terminal_rsi.models.tokenizer import ByteTokenizer

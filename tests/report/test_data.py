@@ -111,7 +111,8 @@ def test_family_rows_use_eq6_eq7_with_the_stage_divisors(real_run):
     assert rows["fix_script"]["mean_p_over_n"] == pytest.approx(
         np.mean([t.P / t.N for t in fix]), rel=1e-6)
     hint = [t for t in trajs if t.family == "hint_lookup"]  # unlisted: fallback 82
-    assert rows["hint_lookup"]["fdr"] == pytest.approx(np.mean([t.P / 82.0 for t in hint]), rel=1e-6)
+    assert rows["hint_lookup"]["fdr"] == pytest.approx(np.mean([t.P / 82.0 for t in hint]),
+                                                       rel=1e-6)
 
 
 def test_token_texts():
