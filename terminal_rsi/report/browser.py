@@ -51,6 +51,15 @@ def find_chromium() -> str | None:
     return None
 
 
+def _high_fd(fd: int) -> int:
+    """Move `fd` to a number >= 10 (close-on-exec), clear of the browser's 3 and 4."""
+    import fcntl
+
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return new
+
+
 class Browser:
     """A Chromium process driven over the DevTools pipe. Use `Browser.launch()`."""
 
@@ -77,17 +86,14 @@ class Browser:
             raise BrowserError("no Chromium found: install Debian's chromium "
                                "(`bash .ci/setup_report.sh` as root) or set $CHROMIUM")
         profile = tempfile.mkdtemp(prefix="trsi-chromium-")
-        # pipe A: we write, the browser reads on fd 3; pipe B: the browser writes fd 4.
-        a_r, a_w = os.pipe()
-        b_r, b_w = os.pipe()
-
-        def child_fds():  # runs in the child between fork and exec
-            ra, wb = os.dup(a_r), os.dup(b_w)  # copies first: a_r / b_w may be fd 3 or 4
-            os.dup2(ra, 3)
-            os.dup2(wb, 4)
-            os.set_inheritable(3, True)  # dup2 onto itself keeps close-on-exec
-            os.set_inheritable(4, True)
-
+        # pipe A: we write, the browser reads it as fd 3; pipe B: the browser writes fd 4.
+        # The fds are moved to >= 10 and a bash `exec` puts them on 3 and 4, so no Python
+        # runs between fork and exec (no preexec_fn: safe next to JAX's threads).
+        a_r, a_w = (_high_fd(fd) for fd in os.pipe())
+        b_r, b_w = (_high_fd(fd) for fd in os.pipe())
+        bash = shutil.which("bash")
+        if bash is None:
+            raise BrowserError("bash is needed to hand the DevTools pipe to Chromium")
         args = [exe, "--headless", "--remote-debugging-pipe", f"--user-data-dir={profile}",
                 "--no-first-run", "--no-default-browser-check", "--disable-gpu",
                 "--disable-extensions", "--disable-background-networking", "--disable-sync",
@@ -95,10 +101,11 @@ class Browser:
                 "--disable-dev-shm-usage", "--hide-scrollbars", "--force-color-profile=srgb",
                 *(("--no-sandbox",) if os.geteuid() == 0 else ()), *extra_args,
                 "about:blank"]
+        script = f'exec 3<&{a_r} 4>&{b_w} {a_r}<&- {b_w}>&- {a_w}>&- {b_r}<&- "$0" "$@"'
         try:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, close_fds=False,
-                                    preexec_fn=child_fds)  # noqa: PLW1509
+            proc = subprocess.Popen([bash, "-c", script, *args], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    pass_fds=(a_r, b_w))
         except OSError as e:
             for fd in (a_r, a_w, b_r, b_w):
                 os.close(fd)

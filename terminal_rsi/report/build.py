@@ -135,13 +135,14 @@ class _Builder:
         return self.tokenizers[preset]
 
     def stage_shards(self, stage: dict, stage_dir: pathlib.Path) -> list[pathlib.Path]:
-        found = []
-        for sub in ("trajectories", "eval"):
-            if (stage_dir / sub).is_dir():
-                found += sorted((stage_dir / sub).glob("*.jsonl"))
+        def jsonl(sub: str) -> list[pathlib.Path]:
+            d = stage_dir / sub
+            return sorted(d.glob("*.jsonl")) if d.is_dir() else []
+
+        found = jsonl("trajectories")
         train = [p for p in found if p.name.startswith("step_")]
         other = [p for p in found if not p.name.startswith("step_")]
-        shards = other + _pick_train_shards(train, self.opt.max_train_shards)
+        shards = other + _pick_train_shards(train, self.opt.max_train_shards) + jsonl("eval")
         for suite, ev in sorted((stage.get("eval") or {}).items()):
             rel = ev.get("trajectories") if isinstance(ev, dict) else None
             if not rel:
