@@ -41,6 +41,9 @@ EXTRAS = {
         "safetensors>=0.4,<1",
     ],
 }
+# The HTML run report draws missing plots with matplotlib (terminal_rsi.report); its browser
+# test needs Debian's chromium (.ci/setup_report.sh), no Python package.
+EXTRAS["report"] = ["matplotlib>=3.7,<4"]
 EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"] + EXTRAS["sandbox"] + EXTRAS["models"]
 
 setup(

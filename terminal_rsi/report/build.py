@@ -237,6 +237,12 @@ class _Builder:
             shutil.copyfile(src, dst)
             plots.append({"name": key, "file": f"plots/{dst.name}", "source": str(rel)})
         have = {p["name"] for p in plots}
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.warnings.append("matplotlib is not installed: no plots drawn from metrics "
+                                 "(pip install 'terminal_rsi[report]')")
+            return plots
         if "training_curves" not in have and any(metrics.values()):
             f = _draw_training_curves(metrics, pdir / "training_curves.png")
             if f:

@@ -47,7 +47,7 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
         [("rpr1_fdr", "step_00001", t) for t in trajs] + \
         [("rpr1_fdr", "heldout_instances", t) for t in trajs[1:3]]
     with Browser.launch(chromium) as browser:
-        page = browser.new_page(1400, 1000)
+        page = browser.new_page(1600, 1000)
         page.goto(built_report.as_uri())
         page.wait_for("document.body.dataset.ready === '1'")
 
