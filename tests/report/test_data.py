@@ -152,7 +152,7 @@ def test_report_contents(real_run, built_report):
     # run text travels as JSON data (inserted with textContent by report.js), never markup
     observations = [t["observation"] for e in page["episodes"]
                     for t in _episode(built_report, e["id"])["turns"]]
-    assert sum(HOSTILE in o for o in observations) >= 2  # the command echo and its output
+    assert sum(HOSTILE in o for o in observations) == 1  # fix_script's wrong episode
     html = built_report.read_text()
     assert "onerror" not in html and "http://" not in html and "https://" not in html
     js = (built_report.parent / "report.js").read_text()

@@ -1,7 +1,7 @@
 // terminal_rsi run report. Data comes from data.js (window.TRSI_REPORT) and, per episode,
 // from episodes/NNNNNN.js (TRSI_EPISODE(id, {...})) loaded on demand with a <script> tag, so
 // the page works from file:// with no server and no network. Every piece of run data is
-// inserted with textContent (never innerHTML): observations may hold arbitrary markup.
+// inserted with textContent (never as HTML): observations may hold arbitrary markup.
 "use strict";
 (function () {
   const R = window.TRSI_REPORT;
