@@ -150,3 +150,12 @@ def test_page_errors_are_caught(chromium, tmp_path):
         page.wait_for("true")
         text = " ".join(page.errors)
         assert "boom" in text and "missing.js" in text, page.errors
+
+
+def test_find_chromium_honours_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("CHROMIUM", str(tmp_path / "no-such-browser"))
+    assert find_chromium() is None
+    fake = tmp_path / "chromium"
+    fake.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("CHROMIUM", str(fake))
+    assert find_chromium() == str(fake)

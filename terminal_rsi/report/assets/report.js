@@ -244,13 +244,20 @@
       turns.appendChild(el("div", { class: "turn", dataset: { turn: t.index } },
         el("h4", { text: `Turn ${t.index}` + (t.segment ? ` (segment ${t.segment})` : "") +
           ` · ${t.n_sampled} generated tokens · stop ${t.stop_reason || "?"}` }),
+        t.prompt ? el("details", { class: "prompt" }, el("summary", { class: "label",
+          text: "prompt rendered at this turn (click to show)" }),
+          el("pre", { text: t.prompt })) : null,
         el("div", { class: "label", text: "action (sampled ids, decoded)" }),
         el("pre", { class: "action", text: t.action }),
         t.parse_error ? el("p", { class: "bad", text: `parse error: ${t.parse_error}` }) : null,
         el("div", { class: "label", text: `observation (${t.n_observation} tokens)` }),
         el("pre", { class: "observation", text: t.observation || "(none: last turn of segment)" })));
     }
-    box.replaceChildren(head, instr, renderChecks(d), renderHeatmap(d), turns);
+    const extra = el("details", { id: "episode-meta" }, el("summary", { class: "label",
+      text: "meta, timings, segments" }), el("pre", { text: JSON.stringify(
+        { meta: d.meta, timings: d.timings, segments: d.segments,
+          declared_complete_turn: d.declared_complete_turn }, null, 1) }));
+    box.replaceChildren(head, instr, renderChecks(d), renderHeatmap(d), turns, extra);
     box.dataset.loaded = String(meta.id);
   }
 
