@@ -225,6 +225,8 @@ class _Builder:
     # -- plots ---------------------------------------------------------------------------
 
     def plots(self, ledger: dict, out: pathlib.Path, metrics: dict[str, list[dict]]) -> list:
+        """The ledger's plots, copied; training curves and (for more than one stage) the
+        progression plot drawn when the ledger lacks them."""
         plots = []
         pdir = out / "plots"
         pdir.mkdir(exist_ok=True)
@@ -248,7 +250,7 @@ class _Builder:
             if f:
                 plots.append({"name": "training_curves", "file": "plots/training_curves.png",
                               "source": "drawn from the stages' metrics.jsonl"})
-        if "progression" not in have and ledger.get("stages"):
+        if "progression" not in have and len(ledger.get("stages") or ()) > 1:
             f = _draw_progression(ledger, self.episodes, pdir / "progression.png")
             if f:
                 plots.append({"name": "progression", "file": "plots/progression.png",

@@ -210,7 +210,7 @@ def test_single_stage_dir_and_rebuild(real_run, tmp_path):
     assert page["single_stage"] and [s["name"] for s in page["stages"]] == ["rpr1_fdr"]
     assert page["stages"][0]["experiment"] == "rpr_phase"
     assert len(page["episodes"]) == 8  # trajectories/ and eval/ shards
-    assert {p["name"] for p in page["plots"]} == {"training_curves", "progression"}
+    assert {p["name"] for p in page["plots"]} == {"training_curves"}  # one stage: no progression
     (index.parent / "stale.js").write_text("old")
     trajs = read_shard(stage / "eval" / "heldout_instances.jsonl")
     write_shard(stage / "eval" / "heldout_instances.jsonl", trajs[:1])

@@ -46,6 +46,15 @@
     return Object.entries(obj).map(([k, v]) => `${k}=${fmt(v)}`).join("\n");
   }
 
+  function kvCell(obj) {  // long dicts (a stage's summary.json) fold after 8 entries
+    const n = obj ? Object.keys(obj).length : 0;
+    if (n <= 8) return el("td", { class: "kv", text: kv(obj) });
+    const head = Object.fromEntries(Object.entries(obj).slice(0, 8));
+    return el("td", { class: "kv" }, kv(head), el("details", {},
+      el("summary", { text: `${n - 8} more` }),
+      kv(Object.fromEntries(Object.entries(obj).slice(8)))));
+  }
+
   // ---------------------------------------------------------------- header, stages, plots
   function renderHeader() {
     const info = document.getElementById("run-info");
@@ -75,7 +84,7 @@
       td(s.name), td(s.experiment),
       el("td", { class: "status-" + (s.status || "unknown"), text: fmt(s.status) }),
       td(s.wall_s, null, 1), td(s.started), td(s.finished),
-      el("td", { class: "kv", text: kv(s.train) }),
+      kvCell(s.train),
       el("td", { class: "kv", text: evalSummary(s.eval) }),
       el("td", { class: "kv", text: kv(s.inputs) }),
       el("td", { class: "kv bad", text: s.error ? String(s.error) : "" }),
