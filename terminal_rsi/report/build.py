@@ -92,6 +92,8 @@ def _stage_config(stage_dir: pathlib.Path) -> dict | None:
 
 def _preset(cfg: dict | None) -> str | None:
     model = (cfg or {}).get("model")
+    if isinstance(model, str):  # the pipeline's config: model = "<preset>"
+        return model
     return model.get("preset") if isinstance(model, dict) else None
 
 

@@ -126,7 +126,7 @@ def build_run(root: str | os.PathLike, trajs=None) -> dict:
     run = pathlib.Path(root)
     trajs = run_episodes() if trajs is None else trajs
     tiny = {"preset": "tiny"}
-    _json(run / "config.json", {"experiment": "pipeline", "seed": 0, "model": tiny})
+    _json(run / "config.json", {"experiment": "pipeline", "seed": 0, "model": "tiny"})
     # stage 1: base_sft, discovery shard, no credit
     base = run / "base_sft"
     _json(base / "config.json", {"experiment": "base_sft", "seed": 0, "model": tiny})

@@ -131,6 +131,8 @@ def test_report_contents(real_run, built_report):
     # base_sft: 2 discovery episodes; rpr1_fdr: 6 step episodes + 2 eval episodes
     assert [e["stage"] for e in page["episodes"]] == ["base_sft"] * 2 + ["rpr1_fdr"] * 8
     assert [s["status"] for s in page["stages"]] == ["done", "done", "failed", "pending"]
+    # stage configs name model.preset; the pipeline's run config names the preset itself
+    assert {s["tokenizer"] for s in page["stages"]} == {"ByteTokenizer"}
     assert {p["name"] for p in page["plots"]} == {"critic_ev", "progression", "training_curves"}
     for p in page["plots"]:
         assert (built_report.parent / p["file"]).read_bytes()[:4] == b"\x89PNG"
