@@ -22,6 +22,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -33,14 +34,16 @@ ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
 MARKER = ".terminal_rsi_report"
 PREFERRED_CURVES = ("reward_binary", "reward_dense", "value_ev_pre_update", "eval/success",
                     "critic/loss", "actor/loss", "loss", "accuracy")
+_SERIES = re.compile(r"^([A-Za-z]+)_(\d+)\.jsonl$")  # numbered per-step shards
 _SKIP_CURVES = ("step", "policy_version", "data_position", "critic_only")
 
 
 @dataclasses.dataclass
 class ReportOptions:
     """max_episodes_per_shard: episodes shown per shard (the first ones; 0 = all).
-    max_train_shards: training step shards per stage (`step_*.jsonl`; evenly spaced, first
-    and last kept; other shards are always included; 0 = all). title: page title."""
+    max_train_shards: shards per numbered series of a stage (`step_*.jsonl`, `eval_*.jsonl`;
+    evenly spaced, first and last kept; other shards are always included; 0 = all).
+    title: page title."""
 
     max_episodes_per_shard: int = 32
     max_train_shards: int = 8
@@ -142,9 +145,17 @@ class _Builder:
             return sorted(d.glob("*.jsonl")) if d.is_dir() else []
 
         found = jsonl("trajectories")
-        train = [p for p in found if p.name.startswith("step_")]
-        other = [p for p in found if not p.name.startswith("step_")]
-        shards = other + _pick_train_shards(train, self.opt.max_train_shards) + jsonl("eval")
+        series: dict[str, list[pathlib.Path]] = {}  # step_00001.jsonl, eval_00003.jsonl, ...
+        other = []
+        for p in found:
+            m = _SERIES.match(p.name)
+            if m:
+                series.setdefault(m.group(1), []).append(p)
+            else:
+                other.append(p)
+        shards = other + [q for prefix in sorted(series, key=lambda k: (k != "step", k))
+                          for q in _pick_train_shards(series[prefix], self.opt.max_train_shards)]
+        shards += jsonl("eval")
         for suite, ev in sorted((stage.get("eval") or {}).items()):
             rel = ev.get("trajectories") if isinstance(ev, dict) else None
             if not rel:

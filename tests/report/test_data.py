@@ -220,6 +220,28 @@ def test_single_stage_dir_and_rebuild(real_run, tmp_path):
     assert len(_page(index)["episodes"]) == 7 and not (index.parent / "stale.js").exists()
 
 
+def test_numbered_shard_series_are_thinned(real_run, tmp_path):
+    stage = tmp_path / "stage"
+    shutil.copytree(real_run["run"] / "rpr1_fdr", stage)
+    tdir = stage / "trajectories"
+    one = real_run["trajs"][:1]
+    for k in range(2, 6):
+        write_shard(tdir / f"step_{k:05d}.jsonl", one)
+    for k in (2, 4, 6):
+        write_shard(tdir / f"eval_{k:05d}.jsonl", one)
+    write_shard(tdir / "q_clean.jsonl", one)
+    from terminal_rsi.report import ReportOptions
+
+    page = _page(build_report(stage, options=ReportOptions(max_train_shards=2,
+                                                           max_episodes_per_shard=1)))
+    assert page["stages"][0]["shards"] == [
+        "trajectories/q_clean.jsonl", "trajectories/step_00001.jsonl",
+        "trajectories/step_00005.jsonl", "trajectories/eval_00002.jsonl",
+        "trajectories/eval_00006.jsonl", "eval/heldout_instances.jsonl"]
+    assert len(page["episodes"]) == 6
+    assert any("showing the first 1 of" in w for w in page["warnings"])
+
+
 def test_pick_train_shards():
     paths = [f"s{i}" for i in range(10)]
     assert _pick_train_shards(paths, 3) == ["s0", "s4", "s9"] or \
