@@ -16,7 +16,8 @@ SCHEMA = {
     "title": Field(str, "page title ('' = 'Run report: <run name>')"),
     "max_episodes_per_shard": Field(int, "episodes shown per shard, the first ones (0 = all)",
                                     lo=0),
-    "max_train_shards": Field(int, "training step shards per stage, evenly spaced (0 = all)",
+    "max_train_shards": Field(int, "shards per step_/eval_ series of a stage, evenly spaced "
+                              "(0 = all)",
                               lo=0),
 }
 
