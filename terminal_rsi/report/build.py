@@ -316,6 +316,7 @@ class _Builder:
                 "config_hash": s.get("config_hash"), "started": s.get("started"),
                 "finished": s.get("finished"), "wall_s": s.get("wall_s"),
                 "train": s.get("train"), "eval": evals, "error": s.get("error"),
+                "traceback": _tail(sdir / "error.txt"),
                 "tokenizer": tok_desc, "divisors": div_desc,
                 "shards": [self._rel(p) for p in shards],
                 "metrics_steps": len(metrics.get(s["name"], []))})
@@ -328,6 +329,15 @@ class _Builder:
             "stages": stages, "plots": plots, "families": self.families,
             "episodes": self.episodes, "warnings": self.warnings,
         }
+
+
+def _tail(path: pathlib.Path, chars: int = 4000) -> str | None:
+    """The end of a stage's error.txt (its traceback), if there is one."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return text if len(text) <= chars else "…" + text[-chars:]
 
 
 def _plt():

@@ -175,6 +175,9 @@ def build_run(root: str | os.PathLike, trajs=None) -> dict:
             {"name": "final_eval", "experiment": "evaluate", "status": "pending",
              "dir": "final_eval"}],
         "plots": {"critic_ev": "plots/critic_ev.png", "reward_profile": "plots/absent.png"}}
+    (run / "rpr2_spr").mkdir()
+    (run / "rpr2_spr" / "error.txt").write_text("Traceback (most recent call last):\n"
+                                                 "PhaseError: <b>no trainable episodes</b>\n")
     _json(run / "ledger.json", ledger)
     return {"run": run, "trajs": trajs, "credit": credit}
 

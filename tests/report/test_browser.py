@@ -64,6 +64,8 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
 
         assert count() == rows() == len(listed)
         assert page.evaluate("document.querySelectorAll('#stage-ledger tbody tr').length") == 4
+        assert "<b>no trainable" in page.evaluate(  # the failed stage's error.txt, as text
+            "document.querySelector('#stage-ledger details pre').textContent")
         assert page.evaluate("[...document.images].length") == 3
         assert page.wait_for("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
         assert page.evaluate("document.querySelectorAll('#family-stats tbody tr').length") > 3

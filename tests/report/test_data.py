@@ -133,6 +133,7 @@ def test_report_contents(real_run, built_report):
     assert [s["status"] for s in page["stages"]] == ["done", "done", "failed", "pending"]
     # stage configs name model.preset; the pipeline's run config names the preset itself
     assert {s["tokenizer"] for s in page["stages"]} == {"ByteTokenizer"}
+    assert page["stages"][2]["traceback"].startswith("Traceback")
     assert {p["name"] for p in page["plots"]} == {"critic_ev", "progression", "training_curves"}
     for p in page["plots"]:
         assert (built_report.parent / p["file"]).read_bytes()[:4] == b"\x89PNG"

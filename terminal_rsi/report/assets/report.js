@@ -87,7 +87,9 @@
       kvCell(s.train),
       el("td", { class: "kv", text: evalSummary(s.eval) }),
       el("td", { class: "kv", text: kv(s.inputs) }),
-      el("td", { class: "kv bad", text: s.error ? String(s.error) : "" }),
+      el("td", { class: "kv bad" }, s.error ? String(s.error) : "",
+        s.traceback ? el("details", {}, el("summary", { text: "error.txt" }),
+          el("pre", { text: s.traceback })) : null),
       el("td", { class: "kv", text: `${s.tokenizer}\n${s.divisors}\n` +
         `${(s.shards || []).length} shard(s), ${s.metrics_steps} metric steps` })));
     document.getElementById("stage-table").appendChild(table(
