@@ -248,7 +248,9 @@ class _Builder:
             if not src.is_file():
                 self.warnings.append(f"ledger plot {key}: {rel} does not exist")
                 continue
-            dst = pdir / f"{key}{src.suffix or '.png'}"
+            safe = re.sub(r"[^A-Za-z0-9_-]", "_", str(key)) or "plot"  # a file name, no path
+            suffix = src.suffix if re.fullmatch(r"\.[A-Za-z0-9]+", src.suffix) else ".png"
+            dst = pdir / (safe + suffix)
             shutil.copyfile(src, dst)
             plots.append({"name": key, "file": f"plots/{dst.name}", "source": str(rel)})
         have = {p["name"] for p in plots}

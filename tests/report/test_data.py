@@ -194,6 +194,15 @@ def test_bad_inputs_name_the_file(real_run, tmp_path):
     with pytest.raises(ReportInputError, match="row_episode holds"):
         build_report(run)
     np.savez(npz, **arrays)
+    # a ledger plot key is only a label: it cannot place a file outside the report
+    led = json.loads(good)
+    led["plots"] = {"../../escape": "plots/critic_ev.png"}
+    ledger.write_text(json.dumps(led))
+    page = _page(build_report(run))
+    assert [p["file"] for p in page["plots"]][-1] == "plots/______escape.png"
+    assert not (tmp_path / "escape.png").exists() and not (run / "escape.png").exists()
+    shutil.rmtree(run / "report")
+    ledger.write_text(good)
     (run / "base_sft" / "metrics.jsonl").write_text('{"loss": 1}\n')
     with pytest.raises(ReportInputError, match=r"base_sft/metrics\.jsonl:1: .*'step'"):
         build_report(run)
