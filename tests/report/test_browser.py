@@ -14,11 +14,12 @@ import pathlib
 import shutil
 import struct
 
+import numpy as np
 import pytest
 
 from terminal_rsi.report.browser import Browser, find_chromium
 
-from .fixture_run import HOSTILE
+from .fixture_run import HOSTILE, expected_spans
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -103,6 +104,15 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
         assert page.evaluate(q("#heatmap .skip[data-what=observation]")) == sum(
             1 for t in traj.turns if t.observation_ids)
         assert page.evaluate(q("#heatmap .skip[data-what=prompt]")) == 1
+        assert page.evaluate(q("#turn-credit tr.turn-credit")) == len(traj.turns)
+        credit = real_run["credit"]
+        (row,) = np.flatnonzero(credit["row_episode"] == trajs.index(traj))
+        cells = page.evaluate("[...document.querySelectorAll('#turn-credit tr.turn-credit')]"
+                              ".map(r => [...r.cells].map(c => c.textContent))")
+        for cell, want in zip(cells, expected_spans(traj, credit, row), strict=True):
+            assert int(cell[1]) == want["turn"] and int(cell[2]) == want["n"]
+            assert float(cell[4]) == pytest.approx(want["adv"][0], abs=1e-4)
+            assert float(cell[5]) == pytest.approx(want["val"][0], abs=1e-4)
         assert page.evaluate(q(".check")) == len(traj.meta["checks"])
         assert page.evaluate(q(".check[data-hygiene=\"1\"]")) == 2
         # hostile observation text: shown verbatim, never executed or parsed as markup

@@ -357,6 +357,19 @@
       "nodes and are collapsed (click a chip to see its text); hover a token for numbers" }));
     wrap.appendChild(hm);
     draw();
+    // per-turn summary: TB-GAE's recursion steps across turns, so these are the numbers
+    // that carry credit between turns
+    const rows = [];
+    for (const row of d.credit) for (const s of row.spans) if (s.k === "gen") {
+      const adv = s.adv.filter((x) => x !== null);
+      rows.push(el("tr", { class: "turn-credit" }, td(row.segment), td(s.turn), td(s.tok.length),
+        td(adv.length ? adv.reduce((a, b) => a + b, 0) / adv.length : null, null, 4),
+        td(s.adv[0], null, 4), td(s.val[0], null, 4), td(s.ret[0], null, 4),
+        td(s.rew.reduce((a, b) => a + (b || 0), 0), null, 4)));
+    }
+    wrap.appendChild(el("h4", { text: "Per turn" }));
+    wrap.appendChild(table(["segment", "turn", "tokens", "mean A", "A first token",
+      "V first token", "return first token", "reward"], rows, { id: "turn-credit" }));
     return wrap;
   }
 
