@@ -124,13 +124,17 @@ class _Builder:
         cfg = _stage_config(self.run) or {}
         status = "done" if (self.run / "summary.json").exists() or \
             (self.run / "export").exists() else "unknown"
+        error = _tail(self.run / "error.txt")
+        if error:
+            status = "failed"
+            error = error.strip().splitlines()[-1]
         stage = {"name": self.run.name, "experiment": cfg.get("experiment", "?"),
-                 "status": status, "dir": "."}
+                 "status": status, "dir": ".", "error": error}
         summary = self.run / "summary.json"
         if summary.exists():
             s = D.read_json(summary, "stage summary")
             if isinstance(s, dict):
-                stage["train"] = {k: v for k, v in s.items() if isinstance(v, int | float | str)}
+                stage["train"] = _flat_scalars(s)
         return {"format": D.LEDGER_FORMAT, "run": str(self.run), "stages": [stage],
                 "plots": {}}, True
 
@@ -331,6 +335,17 @@ class _Builder:
             "stages": stages, "plots": plots, "families": self.families,
             "episodes": self.episodes, "warnings": self.warnings,
         }
+
+
+def _flat_scalars(d: dict, prefix: str = "") -> dict:
+    """Numbers and strings of a nested dict (summary.json), keys joined with '/'."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat_scalars(v, f"{prefix}{k}/"))
+        elif isinstance(v, int | float | str | bool) or v is None:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _tail(path: pathlib.Path, chars: int = 4000) -> str | None:

@@ -143,6 +143,7 @@ def build_run(root: str | os.PathLike, trajs=None) -> dict:
     credit = credit_arrays(trajs)
     np.savez(rpr / "trajectories" / "step_00001.credit.npz", **credit)
     write_shard(rpr / "eval" / "heldout_instances.jsonl", trajs[1:3])
+    _json(rpr / "summary.json", {"episodes": 6, "per_family": {"fix_script": 0.5}})
     (rpr / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "reward_binary": 0.2 * s, "reward_dense": 0.3 * s,
                     "value_ev_pre_update": None if s == 1 else 0.1 * s,

@@ -221,6 +221,7 @@ def test_single_stage_dir_and_rebuild(real_run, tmp_path):
     page = _page(index)
     assert page["single_stage"] and [s["name"] for s in page["stages"]] == ["rpr1_fdr"]
     assert page["stages"][0]["experiment"] == "rpr_phase"
+    assert page["stages"][0]["train"] == {"episodes": 6, "per_family/fix_script": 0.5}
     assert len(page["episodes"]) == 8  # trajectories/ and eval/ shards
     assert {p["name"] for p in page["plots"]} == {"training_curves"}  # one stage: no progression
     (index.parent / "stale.js").write_text("old")
