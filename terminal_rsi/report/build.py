@@ -294,7 +294,7 @@ class _Builder:
             cfg = _stage_config(sdir) if sdir.is_dir() else None
             preset = _preset(cfg) or _preset(run_cfg)
             tok, tok_desc = self.tokenizer(preset, cfg or run_cfg)
-            divisors, div_desc = D.divisors_for(cfg)
+            divisors, div_desc = D.divisors_for(cfg, (sdir, self.run))
             mpath = sdir / "metrics.jsonl"
             if mpath.is_file():
                 metrics[s["name"]] = D.read_metrics(mpath)

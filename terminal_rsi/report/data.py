@@ -314,12 +314,16 @@ def episode_credit(trajs: Sequence, arrays: dict[str, np.ndarray], tok, path: st
 # ----------------------------------------------------------------------------- rewards
 
 
-def divisors_for(stage_config: dict | None):
-    """The stage's FamilyDivisors: rewards.divisors_path from its config.json if readable,
+def divisors_for(stage_config: dict | None, bases: Sequence[os.PathLike | str] = ()):
+    """The stage's FamilyDivisors: rewards.divisors_path from its config.json if readable
+    (a relative path is tried as given, then under each of `bases`: the stage and run dirs),
     else the default table (every family at the fallback 82). Returns (table, description)."""
     from terminal_rsi.rewards import DivisorError, FamilyDivisors
 
     path = ((stage_config or {}).get("rewards") or {}).get("divisors_path")
+    if isinstance(path, str) and path and not os.path.isabs(path) and not os.path.exists(path):
+        path = next((str(pathlib.Path(b) / path) for b in bases
+                     if (pathlib.Path(b) / path).exists()), path)
     if isinstance(path, str) and path:
         try:
             return FamilyDivisors.load(path), f"divisors from {path}"

@@ -115,6 +115,17 @@ def test_family_rows_use_eq6_eq7_with_the_stage_divisors(real_run):
                                                        rel=1e-6)
 
 
+def test_divisors_from_the_stage_config(tmp_path):
+    from terminal_rsi.rewards import FamilyDivisors
+
+    FamilyDivisors({"fix_script": 8.0}).save(tmp_path / "div.json")
+    table, desc = D.divisors_for({"rewards": {"divisors_path": "div.json"}}, [tmp_path])
+    assert table.get("fix_script") == 8.0 and "div.json" in desc
+    table, desc = D.divisors_for({"rewards": {"divisors_path": "nope.json"}}, [tmp_path])
+    assert table.get("fix_script") == 82.0 and "not found" in desc
+    assert D.divisors_for(None)[0] == FamilyDivisors()
+
+
 def test_token_texts():
     ids = TOK.encode("a\n\t") + [0xC3, TOK.end_id, 999]
     assert D.token_texts(TOK, ids) == ["a", "\u21b5\n", "\u21e5", "\\xc3", "<|end|>",
