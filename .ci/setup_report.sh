@@ -10,4 +10,5 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
 fi
-chromium --version
+# Debian's /usr/bin/chromium wrapper prints a harmless shell warning; ask the real binary
+if [ -x /usr/lib/chromium/chromium ]; then /usr/lib/chromium/chromium --version; else chromium --version; fi
