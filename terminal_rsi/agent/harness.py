@@ -478,6 +478,12 @@ def _verify_and_reward(task, sb, harness, traj, timings) -> None:
         timings["verify_s"] = time.monotonic() - t0
     traj.report = res.report.to_dict()
     traj.S, traj.P, traj.N = int(res.S), int(res.P), int(res.N)
+    tests = ((res.ctrf or {}).get("results") or {}).get("tests")
+    if isinstance(tests, list):  # per-check outcomes for viewers (terminal_rsi.report)
+        hygiene = set(res.report.hygiene_excluded)
+        traj.meta["checks"] = [{"name": str(t.get("name")), "status": str(t.get("status")),
+                                "hygiene": t.get("name") in hygiene}
+                               for t in tests if isinstance(t, dict)]
     divisors = harness.divisors if harness.divisors is not None else FamilyDivisors()
     r = float(get_reward_fn(harness.reward_fn)(res.report, task.family, divisors))
     traj.reward = r if math.isfinite(r) else 0.0
