@@ -45,4 +45,6 @@ def get_config() -> ml_collections.ConfigDict:
         "learning_rate": 1e-3, "weight_decay": 0.1, "grad_clip": 100.0})
     c.eval = ml_collections.ConfigDict({"every": 3, "num_tasks": 2})
     c.checkpoint = ml_collections.ConfigDict({"every": 2, "max_to_keep": 3})
+    # Device mesh (terminal_rsi.sharding axes); None: inferred (default all devices on fsdp).
+    c.mesh = ml_collections.ConfigDict({"data": None, "fsdp": None, "tensor": None})
     return c

@@ -107,6 +107,11 @@ SCHEMA = {
     "eval.num_tasks": Field(int, "held-out tasks per evaluation", lo=1),
     "checkpoint.every": Field(int, "checkpoint every M steps (and at the end)", lo=1),
     "checkpoint.max_to_keep": Field(int, "checkpoints kept", lo=1),
+    "mesh.data": Field(int, "data-parallel mesh axis size (None: inferred)", lo=1,
+                       optional=True),
+    "mesh.fsdp": Field(int, "fsdp mesh axis size (None: the remaining devices)", lo=1,
+                       optional=True),
+    "mesh.tensor": Field(int, "tensor mesh axis size (None: inferred)", lo=1, optional=True),
 }
 
 
@@ -155,7 +160,14 @@ def _opt(section):
                            weight_decay=section.weight_decay, grad_clip=section.grad_clip)
 
 
+def mesh_shape(config) -> dict[str, int]:
+    """The `mesh.*` sizes that are set (unset axes are inferred by `sharding.make_mesh`)."""
+    section = config.get("mesh") or {}
+    return {k: int(v) for k, v in dict(section).items() if v is not None}
+
+
 def _states(config, mcfg):
+    from terminal_rsi import sharding as shd
     from terminal_rsi.checkpoint import import_weights
     from terminal_rsi.models.transformer import DecoderLM, ValueModel
     from terminal_rsi.train_state import create_train_state
@@ -163,9 +175,11 @@ def _states(config, mcfg):
     # Initial states are cached per process (the sharded init compiles slowly on CPU) and
     # handed out as copies, since the update steps donate their input state.
     oa, oc = _opt(config.actor_opt), _opt(config.critic_opt)
-    actor, critic = _cached(("init", mcfg, oa, oc, config.seed), lambda: (
-        create_train_state(DecoderLM, mcfg, oa, seed=config.seed),
-        create_train_state(ValueModel, mcfg, oc, seed=config.seed + 1)))
+    shape = mesh_shape(config)
+    actor, critic = _cached(("init", mcfg, oa, oc, config.seed, tuple(sorted(shape.items()))),
+                            lambda: (
+        create_train_state(DecoderLM, mcfg, oa, shd.make_mesh(shape), seed=config.seed),
+        create_train_state(ValueModel, mcfg, oc, shd.make_mesh(shape), seed=config.seed + 1)))
     actor, critic = jax.tree.map(jnp.copy, (actor, critic))
     if config.init.actor_weights:
         actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
