@@ -23,8 +23,10 @@ Rows may be packed with several segments; with `Aggregation.SAMPLE_MEAN` each (r
 segment) is one sample. TB-GAE (`compute_advantages`) treats each row as one interaction
 chain, so pack one trajectory per row, or end every packed trajectory with `dones`.
 
-A chunked log-prob recompute (from the sampler issue) can replace `token_logprobs` later:
-it must return the same [B, L] alignment.
+`actor_logprobs` (the training-side path: π_old recomputation and the PPO loss) uses the
+chunked `terminal_rsi.logprobs.token_logprobs` (same [B, L] alignment, at most
+[B, chunk, V] logits alive, forward and backward); `token_logprobs` below is the full
+[B, L, V] reference, still used when the entropy bonus is on (it needs the full softmax).
 
 Gradient accumulation: the batch [B, ...] is split into `num_microbatches` contiguous
 slices along B; a `lax.scan` accumulates Σ ∇total_i, Σ total_i, Σ denom_i and the stats;
@@ -110,8 +112,18 @@ def token_logprobs(logits: Array, tokens: Array, segment_ids: Array,
 
 
 def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
-                   with_entropy: bool = False) -> tuple[Array, Array | None]:
-    """Token log-probs [B, L] (and entropy) of the DecoderLM `nnx.merge(graphdef, params)`."""
+                   with_entropy: bool = False, *,
+                   chunk_size: int | None = None) -> tuple[Array, Array | None]:
+    """Token log-probs [B, L] (and entropy) of the DecoderLM `nnx.merge(graphdef, params)`.
+
+    Without entropy: the chunked `terminal_rsi.logprobs.token_logprobs` (chunk_size None:
+    its default, 1024 as in Appendix A). With entropy: full [B, L, V] logits."""
+    if not with_entropy:
+        from terminal_rsi import logprobs as lpm
+
+        chunk = lpm.DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+        return lpm.token_logprobs(params, graphdef, batch["tokens"], batch["positions"],
+                                  batch["segment_ids"], chunk_size=chunk), None
     model = nnx.merge(graphdef, params)
     logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
     return token_logprobs(logits, batch["tokens"], batch["segment_ids"], with_entropy)

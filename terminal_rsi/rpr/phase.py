@@ -73,6 +73,8 @@ SCHEMA = {
     "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
     "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
     "harness.temperature": Field(float, "sampling temperature", lo=0.0),
+    "harness.system_prompt": Field(str, "system prompt (None: the harness default)",
+                                   optional=True),
     "rewards.fn": Field(str, "frozen reward function of the phase",
                         choices=("fdr", "spr", "binary")),
     "rewards.divisors_path": Field(str, "FamilyDivisors JSON (None: defaults, fallback 82)",
@@ -330,8 +332,9 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     h = config.harness
 
     def harness_for(reward_fn):
+        extra = {"system_prompt": h.system_prompt} if h.get("system_prompt") else {}
         return HarnessConfig(
-            max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
+            **extra, max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
             max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
             agent_timeout_s=h.agent_timeout_s, reward_fn=reward_fn, divisors=divisors,
             sampling=SamplingSettings(temperature=h.temperature),
