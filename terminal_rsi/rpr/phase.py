@@ -19,7 +19,12 @@ One rollout step k (1-based):
      `checkpoint.every` steps (and at the end): a full resume checkpoint (`RunCheckpointer`:
      both train states, PRNG key, policy version, data position, divisor table);
   5. one line of metrics appended to `<workdir>/metrics.jsonl` (file rewritten atomically) and
-     a progress line printed.
+     to TensorBoard (`<workdir>/tensorboard`), a progress line printed; the step's episodes,
+     packed credit arrays and eval episodes go to `<workdir>/trajectories/`
+     (`terminal_rsi.rpr.artifacts`, contract C2); `<workdir>/summary.json` at the end.
+
+Deterministic (bit-reproducible on CPU, also across kill + resume) at
+`rollout.concurrency = 1`; higher concurrency makes sampler batching timing-dependent.
 
 A run whose workdir holds a checkpoint resumes from the latest one: step counter, train
 states, key, data position and policy version continue, and metric lines of steps after the
@@ -27,7 +32,8 @@ checkpoint are discarded (they belong to the interrupted run).
 
 `mode = "warmup_critic"`: one pass over the training tasks (ceil(#tasks / batch_size)
 rollout steps) with the actor frozen and critic-only updates; the critic is exported with
-`export_weights(<workdir>/export, "critic")` for the next stage.
+`export_weights(<workdir>/export, "critic")` for the next stage (the unchanged actor is
+exported next to it, as every training stage exports both roles).
 
 Limitations: rollouts are synchronous (policy lag is always 0 here; `AsyncRollouts` is not
 wired in); rows of one episode split by summarization are treated as independent chains (the
