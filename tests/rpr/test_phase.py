@@ -21,7 +21,10 @@ TIMING_KEYS = ("rollout_s", "step_s")
 def _config():
     c = get_config()
     c.num_steps = 3
-    c.model.d_model, c.model.d_ff, c.model.max_seq_len = 16, 32, 2048
+    c.model.d_model, c.model.d_ff, c.model.max_seq_len = 16, 32, 512
+    # a short system prompt keeps rows at 128 tokens (the default prompt alone is ~500)
+    c.harness.system_prompt = "Reply with one JSON action."
+    c.rollout.cache_multiple = 128
     c.model.head_dim = 8
     c.tasks.families = ("create_file", "count_lines")
     c.harness.max_output_tokens = 8
