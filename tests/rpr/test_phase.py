@@ -232,3 +232,17 @@ def test_prune_after_removes_only_later_steps(tmp_path):
                                "step_100000.jsonl"]
     assert sorted(os.listdir(tmp_path)) == ["eval_00002.jsonl", "notes.txt",
                                             "step_00001.credit.npz", "step_00001.jsonl"]
+
+
+def test_scalar_writer_without_tensorboardx_warns_once(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails
+    monkeypatch.setattr(ScalarWriter, "_warned", False)
+    for _ in range(2):
+        w = ScalarWriter(str(tmp_path / "tb"))
+        w.write(1, {"reward_binary": 1.0})
+        w.close()
+        assert not w.enabled
+    assert capsys.readouterr().err.count("tensorboardX is not installed") == 1
+    assert not (tmp_path / "tb").exists()
