@@ -35,9 +35,12 @@ rollout steps) with the actor frozen and critic-only updates; the critic is expo
 `export_weights(<workdir>/export, "critic")` for the next stage (the unchanged actor is
 exported next to it, as every training stage exports both roles).
 
+Rows of one episode split by summarization are linked (`PackedBatch.next_row`): each row's
+TB-GAE / GAE recursion continues from its successor row's first generated value and
+advantage (`ppo_step.compute_advantages(next_row=...)`), as in the unsplit episode.
+
 Limitations: rollouts are synchronous (policy lag is always 0 here; `AsyncRollouts` is not
-wired in); rows of one episode split by summarization are treated as independent chains (the
-TB-GAE carry across `next_row` links is not applied; `truncated_rows` counts them).
+wired in).
 """
 
 from __future__ import annotations
@@ -374,7 +377,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids",
                                                  "gen_mask", "rewards", "dones", "turn_ids")}
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
-                                     logprob_fn=logprob_fn, value_fn=value_fn, **adv_kwargs)
+                                     logprob_fn=logprob_fn, value_fn=value_fn,
+                                     next_row=packed.next_row, **adv_kwargs)
         name = artifacts.step_name("step", step)
         for t in res.trajectories:
             t.meta.update(rpr_step=step, rpr_mode=config.mode)
