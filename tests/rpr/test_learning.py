@@ -8,6 +8,7 @@ that cap and beyond its first steps. Seeded and deterministic (rollout concurren
 """
 
 import numpy as np
+import pytest
 
 from configs.rpr_phase import get_config
 from terminal_rsi.configuration import validate_config
@@ -34,6 +35,7 @@ def _config():
     return c
 
 
+@pytest.mark.slow
 def test_short_phase_raises_reward(tmp_path):
     c = _config()
     losses = warm_start_actor(c, str(tmp_path / "warm"), sft_steps=150, wrong_per_right=3)
