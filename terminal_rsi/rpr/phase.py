@@ -19,7 +19,12 @@ One rollout step k (1-based):
      `checkpoint.every` steps (and at the end): a full resume checkpoint (`RunCheckpointer`:
      both train states, PRNG key, policy version, data position, divisor table);
   5. one line of metrics appended to `<workdir>/metrics.jsonl` (file rewritten atomically) and
-     a progress line printed.
+     to TensorBoard (`<workdir>/tensorboard`), a progress line printed; the step's episodes,
+     packed credit arrays and eval episodes go to `<workdir>/trajectories/`
+     (`terminal_rsi.rpr.artifacts`, contract C2); `<workdir>/summary.json` at the end.
+
+Deterministic (bit-reproducible on CPU, also across kill + resume) at
+`rollout.concurrency = 1`; higher concurrency makes sampler batching timing-dependent.
 
 A run whose workdir holds a checkpoint resumes from the latest one: step counter, train
 states, key, data position and policy version continue, and metric lines of steps after the
@@ -27,11 +32,15 @@ checkpoint are discarded (they belong to the interrupted run).
 
 `mode = "warmup_critic"`: one pass over the training tasks (ceil(#tasks / batch_size)
 rollout steps) with the actor frozen and critic-only updates; the critic is exported with
-`export_weights(<workdir>/export, "critic")` for the next stage.
+`export_weights(<workdir>/export, "critic")` for the next stage (the unchanged actor is
+exported next to it, as every training stage exports both roles).
+
+Rows of one episode split by summarization are linked (`PackedBatch.next_row`): each row's
+TB-GAE / GAE recursion continues from its successor row's first generated value and
+advantage (`ppo_step.compute_advantages(next_row=...)`), as in the unsplit episode.
 
 Limitations: rollouts are synchronous (policy lag is always 0 here; `AsyncRollouts` is not
-wired in); rows of one episode split by summarization are treated as independent chains (the
-TB-GAE carry across `next_row` links is not applied; `truncated_rows` counts them).
+wired in).
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_text
+from terminal_rsi.atomic import atomic_write_json, atomic_write_text
 from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
 
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -73,6 +82,8 @@ SCHEMA = {
     "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
     "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
     "harness.temperature": Field(float, "sampling temperature", lo=0.0),
+    "harness.system_prompt": Field(str, "system prompt (None: the harness default)",
+                                   optional=True),
     "rewards.fn": Field(str, "frozen reward function of the phase",
                         choices=("fdr", "spr", "binary")),
     "rewards.divisors_path": Field(str, "FamilyDivisors JSON (None: defaults, fallback 82)",
@@ -107,6 +118,11 @@ SCHEMA = {
     "eval.num_tasks": Field(int, "held-out tasks per evaluation", lo=1),
     "checkpoint.every": Field(int, "checkpoint every M steps (and at the end)", lo=1),
     "checkpoint.max_to_keep": Field(int, "checkpoints kept", lo=1),
+    "mesh.data": Field(int, "data-parallel mesh axis size (None: inferred)", lo=1,
+                       optional=True),
+    "mesh.fsdp": Field(int, "fsdp mesh axis size (None: the remaining devices)", lo=1,
+                       optional=True),
+    "mesh.tensor": Field(int, "tensor mesh axis size (None: inferred)", lo=1, optional=True),
 }
 
 
@@ -155,7 +171,14 @@ def _opt(section):
                            weight_decay=section.weight_decay, grad_clip=section.grad_clip)
 
 
+def mesh_shape(config) -> dict[str, int]:
+    """The `mesh.*` sizes that are set (unset axes are inferred by `sharding.make_mesh`)."""
+    section = config.get("mesh") or {}
+    return {k: int(v) for k, v in dict(section).items() if v is not None}
+
+
 def _states(config, mcfg):
+    from terminal_rsi import sharding as shd
     from terminal_rsi.checkpoint import import_weights
     from terminal_rsi.models.transformer import DecoderLM, ValueModel
     from terminal_rsi.train_state import create_train_state
@@ -163,9 +186,11 @@ def _states(config, mcfg):
     # Initial states are cached per process (the sharded init compiles slowly on CPU) and
     # handed out as copies, since the update steps donate their input state.
     oa, oc = _opt(config.actor_opt), _opt(config.critic_opt)
-    actor, critic = _cached(("init", mcfg, oa, oc, config.seed), lambda: (
-        create_train_state(DecoderLM, mcfg, oa, seed=config.seed),
-        create_train_state(ValueModel, mcfg, oc, seed=config.seed + 1)))
+    shape = mesh_shape(config)
+    actor, critic = _cached(("init", mcfg, oa, oc, config.seed, tuple(sorted(shape.items()))),
+                            lambda: (
+        create_train_state(DecoderLM, mcfg, oa, shd.make_mesh(shape), seed=config.seed),
+        create_train_state(ValueModel, mcfg, oc, shd.make_mesh(shape), seed=config.seed + 1)))
     actor, critic = jax.tree.map(jnp.copy, (actor, critic))
     if config.init.actor_weights:
         actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
@@ -250,9 +275,11 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         pack_trajectories,
     )
     from terminal_rsi.agent.scheduler import logprob_gap
+    from terminal_rsi.agent.trajectory import write_shard
     from terminal_rsi.checkpoint import RunCheckpointer, export_weights
     from terminal_rsi.models.tokenizer import ByteTokenizer
     from terminal_rsi.rewards import FamilyDivisors
+    from terminal_rsi.rpr import artifacts
     from terminal_rsi.sampling import Buckets, Sampler
     from terminal_rsi.tasks import open_task_sandbox
 
@@ -279,6 +306,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"),
                            max_to_keep=config.checkpoint.max_to_keep)
     metrics_path = os.path.join(workdir, "metrics.jsonl")
+    traj_dir = os.path.join(workdir, "trajectories")
     metrics = []
     if ckpt.latest_step() is not None:
         rs = ckpt.restore(actor=actor, critic=critic, rngs={"phase": key})
@@ -288,12 +316,17 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         resumed_from = step
         metrics = [m for m in _read_metrics(metrics_path) if m["step"] <= step]
         _write_metrics(metrics_path, metrics)
+        artifacts.prune_after(traj_dir, step)
         if on_resume is not None:
             on_resume(rs)
         print(f"[rpr] resumed from step {step} (data position {data_position}, "
               f"policy version {version})")
     else:
         _write_metrics(metrics_path, [])
+        artifacts.prune_after(traj_dir, 0)
+    os.makedirs(traj_dir, exist_ok=True)
+    # purge_step: TensorBoard hides events of steps > the checkpoint left by an earlier run
+    tb = artifacts.ScalarWriter(os.path.join(workdir, "tensorboard"), purge_step=step + 1)
 
     buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple,
                       batch_multiple=p.num_minibatches * p.num_microbatches)
@@ -308,8 +341,9 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     h = config.harness
 
     def harness_for(reward_fn):
+        extra = {"system_prompt": h.system_prompt} if h.get("system_prompt") else {}
         return HarnessConfig(
-            max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
+            **extra, max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
             max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
             agent_timeout_s=h.agent_timeout_s, reward_fn=reward_fn, divisors=divisors,
             sampling=SamplingSettings(temperature=h.temperature),
@@ -343,7 +377,14 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids",
                                                  "gen_mask", "rewards", "dones", "turn_ids")}
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
-                                     logprob_fn=logprob_fn, value_fn=value_fn, **adv_kwargs)
+                                     logprob_fn=logprob_fn, value_fn=value_fn,
+                                     next_row=packed.next_row, **adv_kwargs)
+        name = artifacts.step_name("step", step)
+        for t in res.trajectories:
+            t.meta.update(rpr_step=step, rpr_mode=config.mode)
+        write_shard(os.path.join(traj_dir, f"{name}.jsonl"), res.trajectories)
+        artifacts.write_credit(os.path.join(traj_dir, f"{name}.credit.npz"),
+                               artifacts.credit_arrays(packed, jax.device_get(batch)))
         gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
         mask = np.asarray(packed.gen_mask, bool) & np.asarray(
             ps.predictable_mask(batch["segment_ids"]))
@@ -400,6 +441,10 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             row["eval/success"] = ev.stats["success_rate"]
             row["eval/reward_dense"] = ev.stats["mean_reward_kept"]
             row["eval/episodes"] = len(ev.trajectories)
+            for t in ev.trajectories:
+                t.meta.update(rpr_step=step, rpr_eval=True)
+            write_shard(os.path.join(traj_dir, f"{artifacts.step_name('eval', step)}.jsonl"),
+                        ev.trajectories)
         row["step_s"] = time.monotonic() - t0
         row = {k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()}
         last = step == num_steps or step == stop_after
@@ -411,18 +456,47 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             ckpt.wait()
         metrics.append(row)
         _write_metrics(metrics_path, metrics)
+        tb.write(step, row)
         print(_progress(row, num_steps, time.monotonic() - t_start), flush=True)
         if on_step is not None:
             on_step(step, actor, critic, row)
         if stop_after is not None and step >= stop_after:
             break
     ckpt.close()
+    tb.close()
     if step == num_steps:
         export = os.path.join(workdir, "export")
-        if not warmup_mode:
-            export_weights(export, "actor", actor.params, force=True)
+        # C2: every training stage exports both roles; warm-up re-exports its input actor.
+        export_weights(export, "actor", actor.params, force=True)
         export_weights(export, "critic", critic.params, force=True)
+    atomic_write_json(os.path.join(workdir, "summary.json"),
+                      _summary(config, metrics, step, num_steps, resumed_from,
+                               time.monotonic() - t_start))
     return PhaseResult(step, metrics, actor, critic, resumed_from)
+
+
+def _summary(config, metrics: list[dict], step: int, num_steps: int,
+             resumed_from: int | None, wall_s: float) -> dict:
+    """summary.json: run facts, the last step's metrics (`final/*`), means over the phase
+    (`mean/*`) and the last in-training eval (`last_eval/*`). Numbers and strings only."""
+    out: dict[str, Any] = {"experiment": "rpr_phase", "mode": config.mode, "step": step,
+                           "num_steps": num_steps, "completed": step == num_steps,
+                           "resumed_from": -1 if resumed_from is None else resumed_from,
+                           "wall_s_this_run": wall_s}
+    if metrics:
+        for k, v in metrics[-1].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[f"final/{k}"] = v
+        for k in ("reward_binary", "reward_dense", "turns", "value_ev_pre_update"):
+            vals = [m[k] for m in metrics if m.get(k) is not None]
+            if vals:
+                out[f"mean/{k}"] = float(np.mean(vals))
+        evals = [m for m in metrics if "eval/success" in m]
+        if evals:
+            out["last_eval/step"] = evals[-1]["step"]
+            out["last_eval/success"] = evals[-1]["eval/success"]
+            out["last_eval/reward_dense"] = evals[-1]["eval/reward_dense"]
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _progress(row: dict, num_steps: int, elapsed: float) -> str:
