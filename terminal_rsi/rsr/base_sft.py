@@ -122,7 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     from terminal_rsi.models.tokenizer import ByteTokenizer
     from terminal_rsi.models.transformer import critic_params_from_actor
     from terminal_rsi.rpr.phase import model_config
-    from terminal_rsi.rsr.sft import fixed_width, make_sft_step, train_sft
+    from terminal_rsi.rsr.sft import make_sft_step, train_sft
     from terminal_rsi.sampling import Buckets
 
     t_start = time.monotonic()
@@ -143,10 +143,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed)
     s = config.sft
     step_fn = make_sft_step(Aggregation(s.aggregation), s.num_microbatches, state=actor)
-    # one compiled shape: every row padded to the longest demonstration (rounded up)
+    # rows padded to the batch's longest row rounded up to cache_multiple (a handful of
+    # compiled shapes; padding every batch to the longest demonstration costs more on CPU)
     buckets = Buckets(cache_multiple=config.rollout.cache_multiple,
                       batch_multiple=s.num_microbatches, power_of_two=False)
-    width = fixed_width(demos, config.rollout.cache_multiple)
+    width = None
     eval_tasks = (cm.task_list(config, config.tasks.eval_split,
                                config.tasks.eval_n_per_family)[:config.eval.num_tasks]
                   if config.eval.num_tasks else [])
