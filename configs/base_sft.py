@@ -13,6 +13,7 @@ short contexts.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from terminal_rsi.rsr.common import SHORT_SYSTEM_PROMPT
 
@@ -25,15 +26,19 @@ def get_config() -> ml_collections.ConfigDict:
     c.experiment = "base_sft"
     c.seed = 0
     c.model = ml_collections.ConfigDict({
-        "preset": "tiny", "vocab_size": None, "d_model": 128, "n_layers": 2, "n_heads": 4,
-        "n_kv_heads": 2, "head_dim": 32, "d_ff": 384, "max_seq_len": 2048})
-    c.init = ml_collections.ConfigDict({"actor_weights": None, "critic_weights": None})
+        "preset": "tiny", "vocab_size": config_dict.placeholder(int), "d_model": 128,
+        "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "d_ff": 384,
+        "max_seq_len": 2048})
+    c.init = ml_collections.ConfigDict({  # placeholders: settable from the command line
+        "actor_weights": config_dict.placeholder(str),
+        "critic_weights": config_dict.placeholder(str)})
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "train_split": "train", "eval_split": "test", "n_per_family": 16,
         "eval_n_per_family": 3, "families": TINY_FAMILIES, "backend": "local"})
     c.harness = ml_collections.ConfigDict({
         "system_prompt": SHORT_SYSTEM_PROMPT, "max_turns": 3, "max_output_tokens": 256,
-        "max_input_tokens": 2048, "summarize_threshold": None, "agent_timeout_s": None,
+        "max_input_tokens": 2048, "summarize_threshold": config_dict.placeholder(int),
+        "agent_timeout_s": config_dict.placeholder(float),
         "temperature": 1.0, "max_observation_chars": 300, "action_style": "compact"})
     c.rollout = ml_collections.ConfigDict({
         "concurrency": 8, "cache_multiple": 128, "prefill_chunk": 128, "decode_block": 16})
