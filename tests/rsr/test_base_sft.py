@@ -21,6 +21,7 @@ def test_base_sft_end_to_end(tmp_path):
     c.model = ml_collections.ConfigDict(TINY_MODEL)
     c.tasks.families = ("count_lines", "hint_lookup")
     c.tasks.n_per_family = 2
+    c.demos.runbook_fraction = 0.5
     c.harness.max_output_tokens = 128
     c.sft.steps = 3
     c.sft.batch_size = 4
