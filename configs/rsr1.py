@@ -29,6 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
         "critic_weights": config_dict.placeholder(str)})
     c.tasks = b.tasks
     c.tasks.n_per_family = 4
+    del c.tasks["eval_split"], c.tasks["eval_n_per_family"]  # the pipeline evaluates stages
     c.harness = b.harness
     c.rollout = b.rollout
     c.discovery = ml_collections.ConfigDict({

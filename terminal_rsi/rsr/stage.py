@@ -50,8 +50,9 @@ from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
 from terminal_rsi.rsr import common as cm
 
 SCHEMA = {
-    **BASE_SCHEMA, **EPISODE_SCHEMA, **cm.MODEL_SCHEMA, **cm.INIT_SCHEMA, **cm.TASK_SCHEMA,
-    **cm.HARNESS_SCHEMA, **cm.ROLLOUT_SCHEMA, **cm.OPT_SCHEMA, **cm.SFT_SCHEMA,
+    **BASE_SCHEMA, **EPISODE_SCHEMA, **cm.MODEL_SCHEMA, **cm.INIT_SCHEMA,
+    "tasks.train_split": cm.TASK_SCHEMA["tasks.train_split"], **cm.HARNESS_SCHEMA,
+    **cm.ROLLOUT_SCHEMA, **cm.OPT_SCHEMA, **cm.SFT_SCHEMA,
     "discovery.harnesses": Field(tuple, "complementary harnesses: hints, hot, long, external",
                                  item_type=str),
     "discovery.hints": Field(tuple, "hints of the `hints` harness", item_type=str),

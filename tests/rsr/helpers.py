@@ -33,7 +33,6 @@ def tiny_stage_config(**over) -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict(TINY_MODEL)
     c.tasks.families = ("count_lines",)
     c.tasks.n_per_family = 2
-    c.tasks.eval_n_per_family = 1
     c.harness.max_turns = 1
     c.harness.max_output_tokens = 128
     c.harness.max_input_tokens = 1024
