@@ -42,9 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
         "temperature": 1.0, "max_observation_chars": 300, "action_style": "compact"})
     c.rollout = ml_collections.ConfigDict({
         "concurrency": 8, "cache_multiple": 128, "prefill_chunk": 128, "decode_block": 16})
-    c.demos = ml_collections.ConfigDict({"runbook_fraction": 0.3, "curriculum": "none"})
+    c.demos = ml_collections.ConfigDict({"runbook_fraction": 0.6, "curriculum": "none"})
     c.sft = ml_collections.ConfigDict({
-        "steps": 150, "batch_size": 8, "num_microbatches": 1, "aggregation": "token_mean"})
+        "steps": 200, "batch_size": 8, "num_microbatches": 1, "aggregation": "token_mean"})
     c.actor_opt = ml_collections.ConfigDict({
         "learning_rate": 3e-3, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 10})
     c.eval = ml_collections.ConfigDict({
