@@ -22,6 +22,8 @@ EXPERIMENTS: dict[str, str] = {
     "rescore": "terminal_rsi.rewards.rescore",
     "verify_tasks": "terminal_rsi.tasks.check_tasks",
     "rpr_phase": "terminal_rsi.rpr.phase",
+    "evaluate": "terminal_rsi.evaluation.evaluate",
+    "pipeline": "terminal_rsi.pipeline.experiment",
 }
 
 
