@@ -173,6 +173,8 @@ class Pipeline:
         if "eval_n_per_family" in t:
             out["tasks.eval_n_per_family"] = t["eval_n_per_family"]
         h = {**s.get("harness", {}), **{k: v for k, v in c.harness.items() if v is not None}}
+        if c.model != "tiny":  # a pretrained model keeps its own chat habits: default prompt
+            h.pop("system_prompt", None)
         out.update({f"harness.{k}": v for k, v in h.items()})
         return out
 
@@ -245,7 +247,9 @@ class Pipeline:
         return self._hashes[name]
 
     def _eval_settings(self) -> dict:
-        return _flat(self.eval_base_config())
+        flat = _flat(self.eval_base_config())
+        flat["eval.strata_path"] = "strata.json"  # relative: a moved run dir keeps its hashes
+        return flat
 
     def stage_dir(self, name: str) -> str:
         return os.path.join(self.run_dir, name)

@@ -73,6 +73,9 @@ SCHEMA = {
     "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
     "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
     "harness.temperature": Field(float, "sampling temperature", lo=0.0),
+    "harness.system_prompt": Field(str, "system prompt (None: the harness default)",
+                                   optional=True),
+    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
     "rewards.fn": Field(str, "frozen reward function of the phase",
                         choices=("fdr", "spr", "binary")),
     "rewards.divisors_path": Field(str, "FamilyDivisors JSON (None: defaults, fallback 82)",
@@ -321,6 +324,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
             agent_timeout_s=h.agent_timeout_s, reward_fn=reward_fn, divisors=divisors,
             sampling=SamplingSettings(temperature=h.temperature),
+            **({"system_prompt": h.system_prompt} if h.system_prompt else {}),
+            max_observation_chars=h.max_observation_chars,
             verify_backend=config.tasks.backend)
 
     def sandbox(task):
