@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
         "concurrency": placeholder(int), "temperature": 0.6, "top_p": 0.95})
     c.pipeline = ml_collections.ConfigDict({
         "targets": ("rpr2_spr",), "base": "auto", "bypass": (), "rpr2_lr_divisor": 5.0,
-        "critic_warmup_steps": 4})
+        "critic_warmup_steps": 4, "divisor_samples": 32})
     # per-stage overrides (None: the stage config / scale decides); add any stage field
     c.stages = ml_collections.ConfigDict({n: ml_collections.ConfigDict() for n in STAGE_NAMES})
     for n in ("rpr1_fdr", "rpr2_fdr", "rpr2_spr"):

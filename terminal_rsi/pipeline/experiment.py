@@ -85,6 +85,8 @@ SCHEMA = _Schema({
                              item_type=str),
     "pipeline.rpr2_lr_divisor": Field(float, "RPR-2 actor lr = RPR-1's / this (paper: 5)",
                                       lo=1e-9),
+    "pipeline.divisor_samples": Field(int, "built-in instances per family whose check counts "
+                                      "calibrate the frozen divisors D_f", lo=1),
     "pipeline.critic_warmup_steps": Field(int, "critic-only updates opening each RPR phase "
                                           "(paper: 4)", lo=0),
 })

@@ -172,6 +172,7 @@ class Pipeline:
                 out[f"tasks.{k}"] = t[k]
         if "eval_n_per_family" in t:
             out["tasks.eval_n_per_family"] = t["eval_n_per_family"]
+        out["rewards.divisors_path"] = self.divisors_path
         h = {**s.get("harness", {}), **{k: v for k, v in c.harness.items() if v is not None}}
         if c.model != "tiny":  # a pretrained model keeps its own chat habits: default prompt
             h.pop("system_prompt", None)
@@ -237,7 +238,7 @@ class Pipeline:
     def config_hash(self, name: str) -> str:
         if name not in self._hashes:
             spec = self.graph[name]
-            flat = _flat(self.stage_config(name))
+            flat = self._relative(_flat(self.stage_config(name)))
             for role, dep in spec.inputs.items():
                 flat[f"init.{role}_weights"] = f"{dep}/export"
             deps = {role: self.config_hash(dep) for role, dep in sorted(spec.inputs.items())}
@@ -247,9 +248,13 @@ class Pipeline:
         return self._hashes[name]
 
     def _eval_settings(self) -> dict:
-        flat = _flat(self.eval_base_config())
-        flat["eval.strata_path"] = "strata.json"  # relative: a moved run dir keeps its hashes
-        return flat
+        return self._relative(_flat(self.eval_base_config()))
+
+    def _relative(self, flat: dict) -> dict:
+        """Paths inside the run dir made relative, so a moved run dir keeps its hashes."""
+        root = self.run_dir + os.sep
+        return {k: (os.path.relpath(v, self.run_dir) if isinstance(v, str) and v.startswith(root)
+                    else v) for k, v in flat.items()}
 
     def stage_dir(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
@@ -268,6 +273,7 @@ class Pipeline:
     def run(self, targets: Sequence[str] | None = None) -> Ledger:
         order = prerequisites(targets, self.graph) if targets else self.order
         self.resolve_all()
+        self.frozen_divisors()
         self.frozen_strata()
         self.ledger.save()
         for n in order:
@@ -413,7 +419,36 @@ class Pipeline:
                     }.get(k, f"eval.{k}")
             _set(cfg, path, v)
         _set(cfg, "eval.strata_path", os.path.join(self.run_dir, "strata.json"))
+        _set(cfg, "eval.divisors_path", self.divisors_path)
         return cfg
+
+    @property
+    def divisors_path(self) -> str:
+        return os.path.join(self.run_dir, "divisors.json")
+
+    def frozen_divisors(self):
+        """Family divisors D_f = q0.90 of each family's check counts (§2.2), calibrated once per
+        run dir from the tasks' declared check counts (structure, not outcomes) of every
+        family the run trains or evaluates, and frozen for every stage (FDR, SPR, rescoring).
+        Families without declared counts use the fallback (82)."""
+        from terminal_rsi.rewards import FamilyDivisors, calibrate_family_divisors
+        from terminal_rsi.tasks import get_suite
+
+        if os.path.exists(self.divisors_path):
+            return FamilyDivisors.load(self.divisors_path)
+        suite = self.eval_base_config().tasks.suite
+        counts: dict[str, list[int]] = {}
+        if suite == "builtin":
+            tasks = get_suite("builtin", "all", n_per_family=self.config.pipeline.divisor_samples)
+        else:
+            tasks = get_suite(suite, "all")
+        for t in tasks:
+            if t.expected_checks:
+                counts.setdefault(t.family, []).append(int(t.expected_checks))
+        table = calibrate_family_divisors(counts, source=f"{suite} declared check counts",
+                                          notes="terminal_rsi.pipeline: frozen per run")
+        table.save(self.divisors_path)
+        return table
 
     def frozen_strata(self):
         """Fit the difficulty strata on the evaluation tasks once, before any evaluation."""
