@@ -169,13 +169,16 @@ def make_all(run_dir: str, ledger: dict) -> list[str]:
         ang = np.linspace(0, 2 * np.pi, len(fams), endpoint=False)
         ang = np.concatenate([ang, ang[:1]])
         for ax, key in zip(axes, ("fdr", "spr"), strict=True):
+            top = 0.0
             for s in prof:
                 pf = {}
                 for e in s["eval"].values():
                     if isinstance(e, dict):
                         pf.update(e.get("per_family") or {})
                 y = np.array([pf.get(f, {}).get(key, np.nan) for f in fams], float)
+                top = max(top, float(np.nanmax(y)) if np.isfinite(y).any() else 0.0)
                 ax.plot(ang, np.concatenate([y, y[:1]]), marker="o", label=s["name"])
+            ax.set_ylim(0.0, max(top * 1.1, 0.1))  # rewards are >= 0: the centre is 0
             ax.set_xticks(ang[:-1], fams, fontsize=7)
             ax.set_title(f"mean {key.upper()} per family", fontsize=9)
         axes[1].legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.35, 1.1))
