@@ -132,10 +132,11 @@ def make_all(run_dir: str, ledger: dict) -> list[str]:
     # critic EV
     ev_rows = [(n, _series(r, "value_ev_pre_update")) for n, r in trained]
     ev_rows = [(n, s) for n, s in ev_rows if len(s[0])]
-    eval_ev = [(s["name"], np.nanmean([np.nan if e.get("explained_variance") is None
-                                       else e["explained_variance"]
-                                       for e in s["eval"].values() if isinstance(e, dict)]))
-               for s in stages if s.get("eval")]
+    eval_ev = []
+    for s in stages:
+        xs = [e["explained_variance"] for e in (s.get("eval") or {}).values()
+              if isinstance(e, dict) and e.get("explained_variance") is not None]
+        eval_ev.append((s["name"], float(np.mean(xs)) if xs else np.nan))
     eval_ev = [(n, v) for n, v in eval_ev if np.isfinite(v)]
     if ev_rows or eval_ev:
         fig, axes = plt.subplots(1, len(ev_rows) + 1, figsize=(3.2 * (len(ev_rows) + 1), 2.8),
