@@ -132,3 +132,18 @@ def test_validate_ledger_rejects(tmp_path, mutate, match):
     mutate(d)
     with pytest.raises(L.LedgerError, match=match):
         L.validate_ledger(d)
+
+
+@pytest.mark.parametrize("name", ["rpr2_spr", "terminal_rsi", "warmup_critic", "rpr1_fdr",
+                                  "rpr2_fdr", "evaluate", "eval_smollm2", "base_weights"])
+def test_config_files_validate(name):
+    from terminal_rsi import registry
+    from terminal_rsi.pipeline.runner import load_config_file
+
+    c = load_config_file(f"configs/{name}.py")
+    validate_config(c, registry.get_experiment(c.experiment).SCHEMA)
+    if name == "rpr2_fdr":
+        r1 = load_config_file("configs/rpr1_fdr.py")
+        assert c.actor_opt.learning_rate == pytest.approx(r1.actor_opt.learning_rate / 5)
+    if name == "terminal_rsi":
+        assert tuple(c.pipeline.targets) == ("rpr2_fdr", "rpr2_spr")
