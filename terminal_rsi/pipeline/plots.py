@@ -53,9 +53,7 @@ def _series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _keys_for(rows: list[dict]) -> list[str]:
     have = {k for r in rows for k, v in r.items() if isinstance(v, int | float)}
-    keys = [k for k in TRAIN_KEYS if k in have]
-    if not keys:
-        keys = [k for k in FALLBACK_KEYS if k in have]
+    keys = [k for k in TRAIN_KEYS + FALLBACK_KEYS if k in have]
     if not keys:
         keys = sorted(k for k in have if k != "step")[:3]
     return keys[:4]
