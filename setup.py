@@ -40,8 +40,15 @@ EXTRAS = {
         "gguf>=0.10,<1",
         "safetensors>=0.4,<1",
     ],
+    # Executing notebooks/*.ipynb top to bottom (tests/notebooks).
+    "notebooks": [
+        "nbclient>=0.10,<1",
+        "nbformat>=5.9,<6",
+        "ipykernel>=6.29,<8",
+    ],
 }
 EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"] + EXTRAS["sandbox"] + EXTRAS["models"]
+EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["notebooks"]
 
 setup(
     name="terminal_rsi",
