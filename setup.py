@@ -15,6 +15,12 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
+    # Executing notebooks/*.ipynb top to bottom (tests/notebooks); also in "dev" below.
+    "notebooks": [
+        "nbclient>=0.10,<1",
+        "nbformat>=5.9,<6",
+        "ipykernel>=6.29,<8",
+    ],
     "test": [
         "pytest>=8,<10",
         "hypothesis>=6.100,<7",
@@ -24,6 +30,9 @@ EXTRAS = {
     ],
     "dev": [
         "ruff>=0.6",
+        "nbclient>=0.10,<1",
+        "nbformat>=5.9,<6",
+        "ipykernel>=6.29,<8",
     ],
     "sandbox": [
         "starlette>=0.37,<1",
@@ -40,15 +49,8 @@ EXTRAS = {
         "gguf>=0.10,<1",
         "safetensors>=0.4,<1",
     ],
-    # Executing notebooks/*.ipynb top to bottom (tests/notebooks).
-    "notebooks": [
-        "nbclient>=0.10,<1",
-        "nbformat>=5.9,<6",
-        "ipykernel>=6.29,<8",
-    ],
 }
 EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"] + EXTRAS["sandbox"] + EXTRAS["models"]
-EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["notebooks"]
 
 setup(
     name="terminal_rsi",
