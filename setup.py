@@ -49,8 +49,13 @@ EXTRAS = {
         "gguf>=0.10,<1",
         "safetensors>=0.4,<1",
     ],
+    # TensorBoard event files of training metrics (terminal_rsi.rpr.phase; JSONL without it).
+    "metrics": [
+        "tensorboardX>=2.6,<3",
+    ],
 }
 EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"] + EXTRAS["sandbox"] + EXTRAS["models"]
+EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["metrics"]
 
 setup(
     name="terminal_rsi",

@@ -28,7 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
         "eval_n_per_family": 1, "families": ("create_file", "count_lines", "sort_uniq", "edit_replace"), "backend": "local"})
     c.harness = ml_collections.ConfigDict({
         "max_turns": 1, "max_output_tokens": 16, "max_input_tokens": 4096,
-        "summarize_threshold": None, "agent_timeout_s": None, "temperature": 1.0})
+        "summarize_threshold": None, "agent_timeout_s": None, "temperature": 1.0,
+        "system_prompt": None, "max_observation_chars": 8000})
     c.rewards = ml_collections.ConfigDict({"fn": "fdr", "divisors_path": None})
     c.rollout = ml_collections.ConfigDict({
         "batch_size": 4, "concurrency": 4, "oversample": 0.0, "cache_multiple": 512,

@@ -7,6 +7,7 @@ field or value prints one line naming the problem and exits with status 2.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import sys
@@ -18,6 +19,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from terminal_rsi import registry  # noqa: E402
+from terminal_rsi.atomic import atomic_write_text  # noqa: E402
 from terminal_rsi.configuration import ConfigError, validate_config  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -52,9 +54,20 @@ def main(argv: list[str]) -> None:
 
         sharding.maybe_initialize_distributed(config)
     workdir = _WORKDIR.value or os.path.join("runs", experiment_name)
-    os.makedirs(workdir, exist_ok=True)
+    write_config(config, workdir)
     logging.info("running %s in %s", experiment_name, workdir)
     experiment.run(config, workdir)
+
+
+def write_config(config, workdir: str) -> str:
+    """Write the resolved, validated config to `<workdir>/config.json` atomically (contract
+    C1: every experiment can rely on it) and return the path. Tuples become lists; a value
+    JSON cannot hold is written as its str()."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "config.json")
+    text = json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str)
+    atomic_write_text(path, text + "\n")
+    return path
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -22,6 +22,11 @@ EXPERIMENTS: dict[str, str] = {
     "rescore": "terminal_rsi.rewards.rescore",
     "verify_tasks": "terminal_rsi.tasks.check_tasks",
     "rpr_phase": "terminal_rsi.rpr.phase",
+    "rsr": "terminal_rsi.rsr.stage",
+    "base_sft": "terminal_rsi.rsr.base_sft",
+    "evaluate": "terminal_rsi.evaluation.evaluate",
+    "pipeline": "terminal_rsi.pipeline.experiment",
+    "base_weights": "terminal_rsi.pipeline.base_weights",
 }
 
 

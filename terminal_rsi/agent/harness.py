@@ -83,6 +83,11 @@ class HarnessConfig:
     observation_role: chat role of observation messages.
     reward_fn: "binary", "fdr" or "spr"; divisors: a FamilyDivisors (None: defaults).
     verify_backend: backend of the verifier sandbox.
+    private_guidance: text appended to the first prompt of every segment as a separate
+      user message after the public task (RSR fresh execution, `terminal_rsi.rsr.guidance`);
+      "" (default): none. With guidance, each trajectory also records the public prompt of
+      every segment (rendered without it) in `meta["public_prompt_ids"]`, so
+      `terminal_rsi.rsr.guidance.public_view` can remove it.
     """
 
     name: str = "json-linear"
@@ -102,6 +107,7 @@ class HarnessConfig:
     reward_fn: str = "fdr"
     divisors: Any = None
     verify_backend: str = "local"
+    private_guidance: str = ""
 
     def __post_init__(self):
         for f in ("max_output_tokens", "max_input_tokens", "max_turns",
@@ -278,7 +284,18 @@ def _initial_messages(task, harness: HarnessConfig, summary: str | None = None):
     user = f"Task:\n{task.instruction}"
     if summary is not None:
         user += f"\n\nSummary of your progress so far (earlier context was summarized):\n{summary}"
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    if harness.private_guidance:
+        msgs.append({"role": "user", "content": harness.private_guidance})
+    return msgs
+
+
+def _record_public_prompt(tok, task, harness, traj, segment: int, summary=None) -> None:
+    """With private guidance: store the segment's prompt rendered without it (P(τ̃))."""
+    if harness.private_guidance:
+        public = _render(tok, _initial_messages(
+            task, dataclasses.replace(harness, private_guidance=""), summary))
+        traj.meta.setdefault("public_prompt_ids", {})[str(segment)] = public
 
 
 def default_sandbox_factory(task):
@@ -387,6 +404,7 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
 
     tok = policy.tokenizer
     prompt = _render(tok, _initial_messages(task, harness))
+    _record_public_prompt(tok, task, harness, traj, 0)
     context = list(prompt)
     new_prompt = list(prompt)
     segment = 0
@@ -402,6 +420,7 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
             segment += 1
             traj.segments.append(Segment(segment, turn, segment - 1, summary))
             new_prompt = _render(tok, _initial_messages(task, harness, summary))
+            _record_public_prompt(tok, task, harness, traj, segment, summary)
             context = list(new_prompt)
         if len(context) >= harness.max_input_tokens:
             return TerminalReason.CONTEXT_OVERFLOW

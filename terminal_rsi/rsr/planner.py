@@ -1,0 +1,107 @@
+"""Planners: I_plan ⊕ x_pub ⊕ C(τ) → runbooks b_ℓ, K per success (paper §2.1 Eq. 2).
+
+    plans = DigestPlanner().plan(task, traj, tokenizer)          # deterministic, 1 runbook
+    plans = PolicyPlanner(policy, k=4).plan(task, traj, tokenizer)  # K sampled runbooks
+
+Every plan is a `Plan(runbook, text, error)`: `runbook` is None when the text did not parse
+(`error` holds the RunbookError message; the reviewer records it as a schema rejection).
+
+- `DigestPlanner`: the verified command sequence (`discovery.executed_commands`) becomes a
+  runbook with `digest_runbook` (failed and redundant steps dropped). It is deterministic,
+  so it yields one runbook per success; fresh execution repeats it M times. It is the
+  planner for models that cannot plan, such as the tiny default.
+- `PolicyPlanner`: K samples from a language model (any `Policy`: the actor or a configured
+  model) prompted with `PLAN_INSTRUCTION`, the public task and C(τ), parsed with
+  `Runbook.parse`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from terminal_rsi.agent.harness import GenerationRequest, SamplingSettings, safe_decode
+from terminal_rsi.rsr.discovery import clean_text, clean_trajectory, executed_commands
+from terminal_rsi.rsr.runbook import (
+    COMMAND_PREFIX,
+    COMPLETE_STEP,
+    HEADER,
+    Runbook,
+    RunbookError,
+    digest_runbook,
+)
+
+PLAN_INSTRUCTION = (
+    "You turn a verified solution of a terminal task into a runbook that another agent can "
+    "follow. Use only what the task statement and the transcript show; never mention tests, "
+    "verifiers or expected outputs. Reply with the runbook only, in this format:\n"
+    f"{HEADER} <goal in one line>\n1. {COMMAND_PREFIX}<shell command>\n2. ...\n"
+    f"n. {COMPLETE_STEP}")
+
+
+@dataclasses.dataclass
+class Plan:
+    runbook: Runbook | None
+    text: str
+    error: str | None = None
+    planner: str = ""
+
+
+def plan_messages(instruction: str, cleaned: list[dict[str, str]],
+                  plan_instruction: str = PLAN_INSTRUCTION) -> list[dict[str, str]]:
+    """p_plan = I_plan ⊕ x_pub ⊕ C(τ) as chat messages."""
+    return [{"role": "system", "content": plan_instruction},
+            {"role": "user", "content": f"Task:\n{instruction}\n\nVerified transcript:\n"
+                                        f"{clean_text(cleaned)}"}]
+
+
+class DigestPlanner:
+    name = "digest"
+
+    def plan(self, task, traj, tokenizer) -> list[Plan]:
+        try:
+            rb = digest_runbook(task.instruction, executed_commands(traj, tokenizer))
+        except RunbookError as e:
+            return [Plan(None, "", str(e), self.name)]
+        return [Plan(rb, rb.to_text(), None, self.name)]
+
+
+class PolicyPlanner:
+    """K runbooks sampled from `policy` (temperature `sampling`), `max_tokens` each."""
+
+    name = "policy"
+
+    def __init__(self, policy, k: int = 4, *, max_tokens: int = 512,
+                 sampling: SamplingSettings = SamplingSettings(temperature=1.0),
+                 plan_instruction: str = PLAN_INSTRUCTION):
+        if k < 1:
+            raise ValueError(f"PolicyPlanner needs k >= 1, got {k}")
+        self.policy, self.k, self.max_tokens = policy, int(k), int(max_tokens)
+        self.sampling, self.plan_instruction = sampling, plan_instruction
+
+    def plan(self, task, traj, tokenizer) -> list[Plan]:
+        msgs = plan_messages(task.instruction, clean_trajectory(traj, tokenizer),
+                             self.plan_instruction)
+        prompt = [int(i) for i in tokenizer.render(msgs, add_generation_prompt=True)]
+        reqs = [GenerationRequest(list(prompt), self.max_tokens, self.sampling, task, 0,
+                                  "plan") for _ in range(self.k)]
+        out = []
+        for o in self.policy.generate(reqs):
+            text = safe_decode(tokenizer, o.token_ids)
+            try:
+                out.append(Plan(Runbook.parse(text), text, None, self.name))
+            except RunbookError as e:
+                out.append(Plan(None, text, str(e), self.name))
+        return out
+
+
+def make_planner(kind: str, *, policy: Any = None, k: int = 4, max_tokens: int = 512,
+                 temperature: float = 1.0):
+    if kind == "digest":
+        return DigestPlanner()
+    if kind == "policy":
+        if policy is None:
+            raise ValueError("the policy planner needs a policy (the actor or a model)")
+        return PolicyPlanner(policy, k, max_tokens=max_tokens,
+                             sampling=SamplingSettings(temperature=temperature))
+    raise ValueError(f"unknown planner {kind!r}; use 'digest' or 'policy'")

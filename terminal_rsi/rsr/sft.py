@@ -1,0 +1,130 @@
+"""The one supervised step (paper §2.1 Eq. 3), shared by the `rsr` and `base_sft` stages.
+
+    step = make_sft_step(Aggregation.SEQUENCE_SUM, num_microbatches=2)
+    actor, metrics = step(actor, batch)      # batch: SFT_KEYS, [B, L] arrays (packing)
+    actor, rows = train_sft(actor, trajs, step, num_steps=50, batch_size=8, rng=rng)
+
+L_RSR(θ) = -E_Q Σ_j m_j log π_θ(y_j | h_j): `terminal_rsi.losses.sft_loss` on the actor's
+token log-probabilities (`terminal_rsi.ppo_step.actor_logprobs`, the same alignment as PPO),
+with m_j = `gen_mask` (the policy-generated decisions; prompt, observation and padding
+positions carry no loss) ∧ `predictable_mask`. The step is jitted with the state donated and
+accumulates gradients exactly over `num_microbatches` slices
+(`terminal_rsi.ppo_step.accumulate_gradients`); it never touches a critic.
+
+`train_sft` draws each minibatch uniformly with replacement from the trajectory list, so a
+multiset (Q_clean with multiplicities) is sampled as Unif{...} of Eq. 2, packs it with
+`terminal_rsi.agent.pack_trajectories` (one row per summarization segment) and steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from terminal_rsi import ppo_step as ps
+from terminal_rsi.losses import Aggregation, LossParts, sft_loss
+from terminal_rsi.train_state import TrainState
+
+SFT_KEYS = ("tokens", "positions", "segment_ids", "gen_mask")
+
+
+def sft_loss_parts(params, graphdef, batch, aggregation: Aggregation) -> LossParts:
+    """Eq. 3 loss parts of one (micro)batch: tokens/positions/segment_ids/gen_mask [B, L]."""
+    lp, _ = ps.actor_logprobs(params, graphdef, batch)
+    mask = batch["gen_mask"].astype(bool) & ps.predictable_mask(batch["segment_ids"])
+    return sft_loss(lp, mask, aggregation, segment_ids=batch["segment_ids"])
+
+
+def _finalize(parts: LossParts) -> dict:
+    tokens = parts.stats["tokens"]
+    return {"loss": parts.loss, "tokens": tokens,
+            "nll_per_token": ps.safe_divide(parts.stats["nll_sum"], tokens)}
+
+
+def make_sft_step(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
+                  num_microbatches: int = 1, state: TrainState | None = None,
+                  donate: bool = True):
+    """Jitted `step(actor_state, batch) -> (actor_state, metrics)` for Eq. 3.
+
+    metrics: loss (the aggregated objective), nll_per_token (token-mean NLL of the batch),
+    tokens (supervised positions), grad_norm (before clipping).
+    """
+    m = int(num_microbatches)
+
+    def update(st: TrainState, batch):
+        grads, parts = ps.accumulate_gradients(
+            lambda p, mb: sft_loss_parts(p, st.graphdef, mb, aggregation), st.params,
+            {k: batch[k] for k in SFT_KEYS}, m)
+        return ps._apply(st, grads), {**_finalize(parts), "grad_norm": optax.tree.norm(grads)}
+
+    return ps._jit(update, (state,), donate, 1)
+
+
+def make_nll_fn(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
+                num_microbatches: int = 1):
+    """Jitted `fn(params, graphdef-carrying state, batch) -> metrics` without an update
+    (same metrics as the step, minus grad_norm): the NLL before/after fine-tuning."""
+    m = int(num_microbatches)
+
+    @jax.jit
+    def fn(st: TrainState, batch):
+        mbs = {k: batch[k] for k in SFT_KEYS}
+        if m == 1:
+            parts = sft_loss_parts(st.params, st.graphdef, mbs, aggregation)
+        else:
+            _, parts = ps.accumulate_gradients(
+                lambda p, mb: sft_loss_parts(p, st.graphdef, mb, aggregation), st.params,
+                mbs, m)
+        return _finalize(parts)
+
+    return fn
+
+
+def sft_batch(trajectories: Sequence, buckets=None, max_len: int | None = None) -> dict:
+    """Pack trajectories into the SFT arrays (SFT_KEYS) with `pack_trajectories`."""
+    from terminal_rsi.agent import pack_trajectories
+
+    packed = pack_trajectories(list(trajectories), buckets=buckets, max_len=max_len)
+    return {k: getattr(packed, k) for k in SFT_KEYS}
+
+
+def mean_nll(state: TrainState, trajectories: Sequence, nll_fn, *, batch_size: int = 8,
+             buckets=None) -> float:
+    """Token-mean NLL of the generated positions of `trajectories` under `state`."""
+    tot, n = 0.0, 0.0
+    for i in range(0, len(trajectories), batch_size):
+        mt = jax.device_get(nll_fn(state, sft_batch(trajectories[i:i + batch_size], buckets)))
+        tot += float(mt["nll_per_token"]) * float(mt["tokens"])
+        n += float(mt["tokens"])
+    return tot / max(n, 1.0)
+
+
+def train_sft(state: TrainState, trajectories: Sequence, step_fn, *, num_steps: int,
+              batch_size: int, rng: np.random.Generator, buckets=None,
+              on_step: Callable[[int, dict], Any] | None = None,
+              sampler: Callable[[np.random.Generator, int], Sequence] | None = None):
+    """`num_steps` SFT steps, each on `batch_size` trajectories drawn uniformly with
+    replacement (or by `sampler(rng, batch_size)`, e.g. a curriculum). Returns (state,
+    per-step metric dicts with "step", "loss", "nll_per_token", "tokens", "grad_norm",
+    "step_s")."""
+    if not trajectories and sampler is None:
+        raise ValueError("train_sft needs at least one trajectory (Q_clean is empty)")
+    rows = []
+    for k in range(1, num_steps + 1):
+        t0 = time.monotonic()
+        if sampler is not None:
+            picked = list(sampler(rng, batch_size))
+        else:
+            picked = [trajectories[i] for i in rng.integers(0, len(trajectories), batch_size)]
+        state, mt = step_fn(state, sft_batch(picked, buckets))
+        row = {"step": k, **{key: float(v) for key, v in jax.device_get(mt).items()},
+               "step_s": time.monotonic() - t0}
+        rows.append(row)
+        if on_step is not None:
+            on_step(k, row)
+    return state, rows

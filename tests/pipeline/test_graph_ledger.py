@@ -1,0 +1,149 @@
+"""Stage graph (prerequisites, handoff rules in resolved configs, hashes) and the ledger (C5,
+atomic writes). No stage runs here."""
+
+import json
+import os
+
+import pytest
+
+from configs.rpr2_spr import get_config
+from terminal_rsi.configuration import ConfigError, validate_config
+from terminal_rsi.pipeline import graph as G
+from terminal_rsi.pipeline import ledger as L
+from terminal_rsi.pipeline.experiment import SCHEMA, resolved
+from terminal_rsi.pipeline.runner import Pipeline, PipelineError
+
+
+def _config(**pipeline):
+    c = get_config()
+    c.scale = "test"
+    for k, v in pipeline.items():
+        c.pipeline[k] = v
+    validate_config(c, SCHEMA)
+    return resolved(c)
+
+
+def test_prerequisites_in_graph_order():
+    assert G.prerequisites(["rpr2_spr"]) == ["base", "rsr1", "warmup_critic", "rpr1_fdr",
+                                             "rsr2", "rpr2_spr"]
+    assert G.prerequisites(["rpr1_fdr"]) == ["base", "rsr1", "warmup_critic", "rpr1_fdr"]
+    assert G.prerequisites(["rpr2_fdr", "rpr2_spr"])[-2:] == ["rpr2_fdr", "rpr2_spr"]
+    assert G.prerequisites(["base"]) == ["base"]
+    with pytest.raises(G.GraphError, match="unknown stage"):
+        G.prerequisites(["rpr3"])
+    cyc = dict(G.STAGES)
+    cyc["base"] = G.StageSpec("base", "base_sft", "x", {"actor": "rpr1_fdr"}, "base")
+    with pytest.raises(G.GraphError, match="cycle"):
+        G.prerequisites(["rpr1_fdr"], cyc)
+
+
+def test_resolved_stage_configs_follow_the_handoff_rules(tmp_path):
+    p = Pipeline(_config(), str(tmp_path))
+    p.resolve_all()
+    run = str(tmp_path)
+    r1, r2, w = (p.stage_config(n) for n in ("rpr1_fdr", "rpr2_spr", "warmup_critic"))
+    assert r1.init.actor_weights == os.path.join(run, "rsr1", "export")
+    assert r1.init.critic_weights == os.path.join(run, "warmup_critic", "export")
+    assert r2.init.actor_weights == r2.init.critic_weights == os.path.join(run, "rsr2", "export")
+    rsr2 = p.stage_config("rsr2")
+    assert rsr2.init.critic_weights == os.path.join(run, "rpr1_fdr", "export")
+    assert w.mode == "warmup_critic" and w.init.actor_weights.endswith("rsr1/export")
+    assert r1.rewards.fn == "fdr" and r2.rewards.fn == "spr"
+    assert r1.ppo.critic_warmup_steps == r2.ppo.critic_warmup_steps == 4
+    assert r2.actor_opt.learning_rate == pytest.approx(r1.actor_opt.learning_rate / 5)
+    # one model shape everywhere (weights-only handoff)
+    shapes = {tuple(p.stage_config(n).model[k] for k in ("d_model", "n_layers", "d_ff"))
+              for n in p.order}
+    assert shapes == {(16, 1, 32)}
+
+
+def test_config_hash_invalidates_downstream_only(tmp_path):
+    a = Pipeline(_config(), str(tmp_path / "a"))
+    c = _config()
+    c.stages.rpr1_fdr.num_steps = 6
+    b = Pipeline(c, str(tmp_path / "b"))
+    same = [n for n in a.order if a.config_hash(n) == b.config_hash(n)]
+    assert same == ["base", "rsr1", "warmup_critic"]
+    # RPR-2 follows RPR-1's actor rate: changing it changes rpr2 even without other edits
+    c2 = _config()
+    c2.stages.rpr1_fdr.actor_opt.learning_rate = 1e-3
+    p2 = Pipeline(c2, str(tmp_path / "c"))
+    assert p2.stage_config("rpr2_spr").actor_opt.learning_rate == pytest.approx(2e-4)
+
+
+def test_bad_stage_override_is_named_before_work(tmp_path):
+    c = get_config()
+    c.scale = "test"
+    c.stages.rpr1_fdr.num_steps = 0  # out of range for rpr_phase
+    p = Pipeline(resolved(c), str(tmp_path))
+    with pytest.raises(PipelineError, match="num_steps"):
+        p.resolve_all()
+    assert not os.path.exists(tmp_path / "base")
+    with pytest.raises(ConfigError, match="scale"):
+        c2 = get_config()
+        c2.scale = "huge"
+        validate_config(c2, SCHEMA)
+
+
+def _ledger_dict(tmp_path):
+    led = L.Ledger(str(tmp_path), [("base", "base_sft"), ("rsr1", "rsr")])
+    led.update("base", status="done", config_hash="ab" * 32, wall_s=1.5,
+               inputs={}, outputs={"export": "base/export"}, train={"steps": 3.0},
+               eval={"heldout_instances": {"k": 3, "num_tasks": 2, "mean_at_k": 0.5,
+                                           "pass_at_k": {"1": 0.5, "3": 1.0},
+                                           "per_family": {}, "strata": {}}})
+    return led
+
+
+def test_ledger_follows_c5_and_is_written_atomically(tmp_path, monkeypatch):
+    led = _ledger_dict(tmp_path)
+    with open(led.path) as f:
+        d = json.load(f)
+    L.validate_ledger(d)
+    assert d["format"] == "terminal_rsi.ledger/1" and d["run"] == str(tmp_path)
+    assert [s["name"] for s in d["stages"]] == ["base", "rsr1"]
+    assert d["stages"][1]["status"] == "pending"
+    # a crash during the write leaves the previous ledger intact, no temp file behind
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        led.update("rsr1", status="running")
+    monkeypatch.undo()
+    with open(led.path) as f:
+        assert json.load(f) == d
+    assert [x for x in os.listdir(tmp_path) if x.endswith(".tmp")] == []
+    # a reloaded ledger keeps earlier entries
+    again = L.Ledger(str(tmp_path), [("base", "base_sft"), ("rsr1", "rsr")])
+    assert again.entry("base")["config_hash"] == "ab" * 32
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(format="x"), "format"),
+    (lambda d: d["stages"][0].update(status="weird"), "status"),
+    (lambda d: d["stages"][0].update(inputs={"actor": "/abs/path"}), "relative"),
+    (lambda d: d["stages"][0].update(status="failed", error=None), "error"),
+    (lambda d: d["stages"][0]["train"].update(x="no"), "number"),
+    (lambda d: d["stages"].append(dict(d["stages"][0])), "duplicate"),
+])
+def test_validate_ledger_rejects(tmp_path, mutate, match):
+    d = _ledger_dict(tmp_path).to_dict()
+    mutate(d)
+    with pytest.raises(L.LedgerError, match=match):
+        L.validate_ledger(d)
+
+
+@pytest.mark.parametrize("name", ["rpr2_spr", "terminal_rsi", "warmup_critic", "rpr1_fdr",
+                                  "rpr2_fdr", "evaluate", "eval_smollm2", "base_weights"])
+def test_config_files_validate(name):
+    from terminal_rsi import registry
+    from terminal_rsi.pipeline.runner import load_config_file
+
+    c = load_config_file(f"configs/{name}.py")
+    validate_config(c, registry.get_experiment(c.experiment).SCHEMA)
+    if name == "rpr2_fdr":
+        r1 = load_config_file("configs/rpr1_fdr.py")
+        assert c.actor_opt.learning_rate == pytest.approx(r1.actor_opt.learning_rate / 5)
+    if name == "terminal_rsi":
+        assert tuple(c.pipeline.targets) == ("rpr2_fdr", "rpr2_spr")

@@ -1,0 +1,102 @@
+"""A tiny end-to-end pipeline run (scale "test": 2 families, tiny model and budgets) up to
+rpr1_fdr: prerequisites run first, every stage is evaluated (k = 3, both suites), the ledger
+follows C5, the critic passes through RSR unchanged, plots exist; a second run recomputes
+nothing; a failing stage is recorded and stops the run."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs.rpr2_spr import get_config
+from terminal_rsi.configuration import validate_config
+from terminal_rsi.pipeline import validate_ledger
+from terminal_rsi.pipeline.experiment import SCHEMA, resolved
+from terminal_rsi.pipeline.runner import Pipeline, StageFailed, _restore, _same_params
+
+
+def _config():
+    c = get_config()
+    c.scale = "test"
+    c.pipeline.targets = ("rpr1_fdr",)
+    validate_config(c, SCHEMA)
+    return resolved(c)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("pipe"))
+    first = Pipeline(_config(), d, log=lambda s: None)
+    first.run()
+    with open(os.path.join(d, "ledger.json")) as f:
+        ledger = json.load(f)
+    second = Pipeline(_config(), d, log=lambda s: None)
+    second.run()
+    return d, first, second, ledger
+
+
+def test_prerequisites_ran_in_order_and_were_evaluated(run):
+    d, first, _, ledger = run
+    assert first.executed == ["base", "rsr1", "warmup_critic", "rpr1_fdr"]
+    validate_ledger(ledger)
+    by = {s["name"]: s for s in ledger["stages"]}
+    assert [s["name"] for s in ledger["stages"]] == first.executed
+    for name, s in by.items():
+        assert s["status"] == "done" and s["error"] is None and len(s["config_hash"]) == 64
+        assert set(s["eval"]) == {"heldout_instances", "heldout_families"}
+        for ev in s["eval"].values():
+            assert ev["k"] == 3 and ev["num_tasks"] >= 1
+            assert os.path.exists(os.path.join(d, ev["trajectories"]))
+            if name != "warmup_critic":
+                assert 0.0 <= ev["mean_at_k"] <= 1.0 and set(ev["pass_at_k"]) == {"1", "3"}
+                assert set(ev["strata"]) == {"Q1", "Q2", "Q3", "Q4"}
+                assert ev["per_family"]
+    assert by["rpr1_fdr"]["inputs"] == {"actor": "rsr1/export",
+                                        "critic": "warmup_critic/export"}
+    assert by["rpr1_fdr"]["train"]["steps"] == 5.0
+    assert by["warmup_critic"]["eval"]["heldout_instances"]["actor_from"] == "rsr1"
+    with open(os.path.join(d, "rpr1_fdr", "metrics.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    assert [r["critic_only"] for r in rows] == [True] * 4 + [False]
+    assert os.path.exists(os.path.join(d, "strata.json"))
+    for key, path in ledger["plots"].items():
+        assert os.path.getsize(os.path.join(d, path)) > 1000, key
+    assert {"progression", "training_curves"} <= set(ledger["plots"])
+
+
+def test_handoffs_are_weights_only_and_rsr_keeps_the_critic(run):
+    d = run[0]
+    assert _same_params(_restore(os.path.join(d, "base", "export"), "critic"),
+                        _restore(os.path.join(d, "rsr1", "export"), "critic"))
+    a = _restore(os.path.join(d, "rsr1", "export"), "actor")
+    b = _restore(os.path.join(d, "rpr1_fdr", "export"), "actor")
+    assert not _same_params(a, b)  # RPR-1 trained the actor (one joint step)
+    assert sorted(os.listdir(os.path.join(d, "rpr1_fdr", "export"))) == ["actor", "critic"]
+
+
+def test_second_run_recomputes_nothing(run):
+    d, _, second, ledger = run
+    assert second.executed == [] and second.evaluated == []
+    with open(os.path.join(d, "ledger.json")) as f:
+        again = json.load(f)
+    assert [s["config_hash"] for s in again["stages"]] == [
+        s["config_hash"] for s in ledger["stages"]]
+    assert [s["finished"] for s in again["stages"]] == [s["finished"] for s in ledger["stages"]]
+
+
+def test_failed_stage_is_recorded_and_stops_the_run(run):
+    d = run[0]
+    c = _config()
+    c.stages.rpr1_fdr.tasks = {"train_split": "no_such_split"}
+    p = Pipeline(c, d, log=lambda s: None)
+    with pytest.raises(StageFailed, match="rpr1_fdr"):
+        p.run()
+    assert p.executed == []  # base, rsr1 and warmup_critic were reused
+    with open(os.path.join(d, "ledger.json")) as f:
+        led = json.load(f)
+    validate_ledger(led)
+    s = {x["name"]: x for x in led["stages"]}["rpr1_fdr"]
+    assert s["status"] == "failed" and "no_such_split" in s["error"] and s["eval"] == {}
+    assert os.path.exists(os.path.join(d, "rpr1_fdr", "error.txt"))
+    assert np.isfinite(s["wall_s"])

@@ -1,0 +1,57 @@
+"""Contract C1: experiments/run.py writes <workdir>/config.json (atomically) before run()."""
+
+import functools
+import importlib.util
+import json
+import os
+import types
+
+from terminal_rsi import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@functools.cache  # absl flags can be defined once per process
+def _load_run_module():
+    spec = importlib.util.spec_from_file_location(
+        "experiments_run_c1", os.path.join(ROOT, "experiments", "run.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_config_json_is_written_before_run(tmp_path, monkeypatch):
+    run_py = _load_run_module()
+    real = registry.get_experiment("credit_diagnostic")
+    seen = {}
+
+    def probe_run(config, workdir):
+        # what the experiment sees when it starts: the file is already there
+        with open(os.path.join(workdir, "config.json")) as f:
+            seen["file"] = json.load(f)
+        seen["config"] = config.to_dict()
+
+    probe = types.SimpleNamespace(SCHEMA=real.SCHEMA, run=probe_run)
+    monkeypatch.setattr(registry, "get_experiment", lambda name: probe)
+    workdir = tmp_path / "w"
+    run_py._parse_flags(["run.py", f"--config={ROOT}/configs/credit_diagnostic.py",
+                         f"--workdir={workdir}"])
+    run_py.main(["run.py"])
+    assert seen["file"]["experiment"] == "credit_diagnostic"
+    expected = json.loads(json.dumps(seen["config"]))  # tuples -> lists
+    assert seen["file"] == expected
+    assert sorted(os.listdir(workdir)) == ["config.json"]  # no temp file left behind
+
+
+def test_write_config_replaces_atomically(tmp_path):
+    from configs.rpr_phase import get_config
+
+    run_py = _load_run_module()
+    c = get_config()
+    path = run_py.write_config(c, str(tmp_path))
+    c.seed = 7
+    run_py.write_config(c, str(tmp_path))
+    with open(path) as f:
+        d = json.load(f)
+    assert d["seed"] == 7 and d["tasks"]["families"] == list(c.tasks.families)
+    assert os.listdir(tmp_path) == ["config.json"]
