@@ -115,6 +115,17 @@ def run_argv(config_path: str, workdir: str, overrides: Sequence[str],
     return args
 
 
+def parse_env(items: Sequence[str] | None) -> dict[str, str]:
+    """`--env=KEY=VALUE` arguments -> dict (LaunchError on a malformed one)."""
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise LaunchError(f"--env={item!r}: use --env=NAME=VALUE (NAME: letters, digits, _)")
+        out[key] = value
+    return out
+
+
 def env_prefix(env: dict[str, str]) -> str:
     """'K=V ...' for a remote shell; values are quoted unless they are $VARIABLE references."""
     parts = []

@@ -24,7 +24,15 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch.common import REPO, LaunchError, Step, cli_error, execute, run_argv  # noqa: E402
+from launch.common import (  # noqa: E402
+    REPO,
+    LaunchError,
+    Step,
+    cli_error,
+    execute,
+    parse_env,
+    run_argv,
+)
 from terminal_rsi.atomic import atomic_write_text  # noqa: E402
 
 _TIME = re.compile(r"(\d+-)?\d{1,2}:\d{2}:\d{2}|\d+")
@@ -56,6 +64,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated bridge hosts -> --config.tasks.backend")
     p.add_argument("--sandbox-token-file", default=None,
                    help="token file of the sandbox hosts, readable on every node")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable exported in the batch script (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
     return p
 
@@ -94,6 +104,7 @@ def render(argv: list[str]) -> tuple[str, str]:
     ]
     if args.setup:
         lines.append(args.setup)
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in parse_env(args.env).items()]
     lines += [
         'COORDINATOR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         f'export TERMINAL_RSI_COORDINATOR_ADDRESS="$COORDINATOR:{args.port}"',

@@ -34,6 +34,7 @@ from launch.common import (  # noqa: E402
     cli_error,
     env_prefix,
     execute,
+    parse_env,
     print_plan,
     run_argv,
     tarball_step,
@@ -91,6 +92,9 @@ def parser() -> argparse.ArgumentParser:
                         "--config.tasks.backend")
     p.add_argument("--sandbox-token-file", default=None,
                    help="local token file of the sandbox hosts, copied to every worker")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable for the run on every worker (repeatable), "
+                        "e.g. --env=XLA_FLAGS=--xla_dump_to=/tmp/dump")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     return p
 
@@ -145,7 +149,7 @@ def plan(argv: list[str]) -> tuple[list[str], list[Step]]:
         steps.append(ssh(f"(test -d {REMOTE_DIR}/.git || git clone {url} {REMOTE_DIR}) && cd "
                          f"{REMOTE_DIR} && git fetch --all -q && git checkout -q {ref} && {pip}",
                          "clone or update, and install on every worker"))
-    env = {"TERMINAL_RSI_DISTRIBUTED": "1"}
+    env = {**parse_env(args.env), "TERMINAL_RSI_DISTRIBUTED": "1"}
     if token:
         steps.append(scp(token, REMOTE_TOKEN_NAME, "copy the sandbox token to every worker"))
         env["TERMINAL_RSI_SANDBOX_TOKEN_FILE"] = "$HOME/" + REMOTE_TOKEN_NAME

@@ -125,3 +125,13 @@ def test_script_runs_two_jax_processes_through_srun(tmp_path):
         assert rec["coord"] == f"localhost:{port}"
         assert rec["argv"] == ["experiments/run.py", "--config=configs/rpr_phase.py",
                                "--workdir=/shared/runs/x", "--config.seed=7"]
+
+
+def test_env_exported_in_script():
+    text, _ = slurm.render([*BASE, "--env=XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true",
+                            "--env=NOTE=a b"])
+    lines = text.splitlines()
+    assert "export XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" in lines
+    assert "export NOTE='a b'" in lines
+    with pytest.raises(LaunchError, match="--env=NAME=VALUE"):
+        slurm.render([*BASE, "--env=novalue"])

@@ -106,3 +106,13 @@ def test_dry_run_script_prints_pasteable_commands():
     bad = subprocess.run([sys.executable, "launch/tpu_pod.py", *BASE[:2], "--dry-run"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--accelerator-type" in bad.stderr
+
+
+def test_env_passthrough_is_quoted_for_the_remote_shell():
+    _, steps = tpu_pod.plan([*BASE, "--install=none", "--env=XLA_FLAGS=--xla_dump_to=/tmp/d",
+                             "--env=NOTE=two words"])
+    words = shlex.split(steps[-1].argv[-1].removeprefix("--command="))
+    assert words[3:6] == ["XLA_FLAGS=--xla_dump_to=/tmp/d", "NOTE=two words",
+                          "TERMINAL_RSI_DISTRIBUTED=1"]
+    with pytest.raises(LaunchError, match="--env=NAME=VALUE"):
+        tpu_pod.plan([*BASE, "--env=1BAD=x"])
