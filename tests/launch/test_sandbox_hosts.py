@@ -154,3 +154,18 @@ def test_bad_host_list_and_missing_token(monkeypatch):
         load_token()
     monkeypatch.setenv("TERMINAL_RSI_SANDBOX_TOKEN", "abc")
     assert load_token() == "abc"
+
+
+def test_dry_run_prints_unit_and_commands(tmp_path):
+    out = subprocess.run([sys.executable, "launch/sandbox_hosts.py", "--hosts=sbx0",
+                          f"--token-file={tmp_path}/tok", "--dry-run"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "tok").exists()  # a dry run writes nothing
+    assert "# ExecStart=/opt/terminal_rsi/.venv/bin/python -m terminal_rsi.sandbox.serve " \
+           "--backend=docker --host=0.0.0.0 --port=8765" in out.stdout
+    cmds = [ln for ln in out.stdout.splitlines() if not ln.startswith("#")]
+    assert len(cmds) == 1 + 10 and cmds[1].startswith("ssh sbx0 ")
+    bad = subprocess.run([sys.executable, "launch/sandbox_hosts.py", "--hosts=a:1", "--dry-run"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not a host name" in bad.stderr
