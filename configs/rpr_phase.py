@@ -29,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness = ml_collections.ConfigDict({
         "max_turns": 1, "max_output_tokens": 16, "max_input_tokens": 4096,
         "summarize_threshold": None, "agent_timeout_s": None, "temperature": 1.0,
-        "system_prompt": None, "max_observation_chars": 8000})
+        "system_prompt": None})
     c.rewards = ml_collections.ConfigDict({"fn": "fdr", "divisors_path": None})
     c.rollout = ml_collections.ConfigDict({
         "batch_size": 4, "concurrency": 4, "oversample": 0.0, "cache_multiple": 512,
@@ -46,4 +46,6 @@ def get_config() -> ml_collections.ConfigDict:
         "learning_rate": 1e-3, "weight_decay": 0.1, "grad_clip": 100.0})
     c.eval = ml_collections.ConfigDict({"every": 3, "num_tasks": 2})
     c.checkpoint = ml_collections.ConfigDict({"every": 2, "max_to_keep": 3})
+    # Device mesh (terminal_rsi.sharding axes); None: inferred (default all devices on fsdp).
+    c.mesh = ml_collections.ConfigDict({"data": None, "fsdp": None, "tensor": None})
     return c

@@ -13,6 +13,7 @@ fresh executions per runbook. Model, harness and tasks match configs/base_sft.py
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from configs.base_sft import get_config as base_config
 
@@ -23,9 +24,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.experiment = "rsr"
     c.seed = 0
     c.model = b.model
-    c.init = ml_collections.ConfigDict({"actor_weights": None, "critic_weights": None})
+    c.init = ml_collections.ConfigDict({  # placeholders: settable from the command line
+        "actor_weights": config_dict.placeholder(str),
+        "critic_weights": config_dict.placeholder(str)})
     c.tasks = b.tasks
     c.tasks.n_per_family = 4
+    del c.tasks["eval_split"], c.tasks["eval_n_per_family"]  # the pipeline evaluates stages
     c.harness = b.harness
     c.rollout = b.rollout
     c.discovery = ml_collections.ConfigDict({
@@ -35,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
         "hot_temperature": 1.3, "hot_samples": 2, "long_factor": 2, "max_per_task": 1})
     c.planner = ml_collections.ConfigDict({
         "kind": "digest", "k": 4, "max_tokens": 384, "temperature": 1.0})
-    c.execution = ml_collections.ConfigDict({"m": 4, "instruction": None})
+    c.execution = ml_collections.ConfigDict({"m": 4, "instruction": config_dict.placeholder(str)})
     c.sft = ml_collections.ConfigDict({
         "steps": 60, "batch_size": 8, "num_microbatches": 1, "aggregation": "sequence_sum"})
     c.actor_opt = ml_collections.ConfigDict({

@@ -23,8 +23,10 @@ Rows may be packed with several segments; with `Aggregation.SAMPLE_MEAN` each (r
 segment) is one sample. TB-GAE (`compute_advantages`) treats each row as one interaction
 chain, so pack one trajectory per row, or end every packed trajectory with `dones`.
 
-A chunked log-prob recompute (from the sampler issue) can replace `token_logprobs` later:
-it must return the same [B, L] alignment.
+`actor_logprobs` (the training-side path: π_old recomputation and the PPO loss) uses the
+chunked `terminal_rsi.logprobs.token_logprobs` (same [B, L] alignment, at most
+[B, chunk, V] logits alive, forward and backward); `token_logprobs` below is the full
+[B, L, V] reference, still used when the entropy bonus is on (it needs the full softmax).
 
 Gradient accumulation: the batch [B, ...] is split into `num_microbatches` contiguous
 slices along B; a `lax.scan` accumulates Σ ∇total_i, Σ total_i, Σ denom_i and the stats;
@@ -45,7 +47,7 @@ import optax
 from flax import nnx
 
 from terminal_rsi import sharding as shd
-from terminal_rsi.credit import gae, tb_gae
+from terminal_rsi.credit import empty_carry, gae, tb_gae
 from terminal_rsi.losses import (
     LossParts,
     PPOConfig,
@@ -110,8 +112,18 @@ def token_logprobs(logits: Array, tokens: Array, segment_ids: Array,
 
 
 def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
-                   with_entropy: bool = False) -> tuple[Array, Array | None]:
-    """Token log-probs [B, L] (and entropy) of the DecoderLM `nnx.merge(graphdef, params)`."""
+                   with_entropy: bool = False, *,
+                   chunk_size: int | None = None) -> tuple[Array, Array | None]:
+    """Token log-probs [B, L] (and entropy) of the DecoderLM `nnx.merge(graphdef, params)`.
+
+    Without entropy: the chunked `terminal_rsi.logprobs.token_logprobs` (chunk_size None:
+    its default, 1024 as in Appendix A). With entropy: full [B, L, V] logits."""
+    if not with_entropy:
+        from terminal_rsi import logprobs as lpm
+
+        chunk = lpm.DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+        return lpm.token_logprobs(params, graphdef, batch["tokens"], batch["positions"],
+                                  batch["segment_ids"], chunk_size=chunk), None
     model = nnx.merge(graphdef, params)
     logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
     return token_logprobs(logits, batch["tokens"], batch["segment_ids"], with_entropy)
@@ -332,31 +344,55 @@ def make_value_fn(num_microbatches: int = 1):
 
 def compute_advantages(values: Array, batch: Mapping[str, Array], *, estimator: str = "tb_gae",
                        gamma_turn: float = 1.0, lambda_turn: float = 1.0,
-                       gamma: float = 1.0, lam: float = 1.0) -> tuple[Array, Array]:
+                       gamma: float = 1.0, lam: float = 1.0,
+                       next_row: Array | None = None) -> tuple[Array, Array]:
     """(advantages, returns) [B, L] from pre-token values and batch rewards/turn_ids/dones.
 
     estimator "tb_gae": `credit.tb_gae` with (γ_turn, λ_turn) (Eq. 8-10); "gae": per-token
     `credit.gae` with (γ, λ) (the documented first phase used γ = λ = 1). Both skip
     observations (positions outside gen_mask) and return 0 there.
     batch: rewards [B, L] float, gen_mask [B, L] bool, dones [B, L] bool, turn_ids [B, L] int
-    (tb_gae only). Rows are independent chains (see the module docstring on packing).
+    (tb_gae only). Without `next_row`, rows are independent chains (see the module docstring).
+
+    next_row: [B] int (`PackedBatch.next_row`), the row holding the next summarization
+    segment of the same episode (-1: none). A row with a successor then continues the
+    recursion from its successor's first generated value and advantage (the successor
+    row's `Carry` before position 0, Eq. 12), so a split episode gets the advantages of the
+    unsplit one. Chains are resolved by repeated passes (as many as the longest chain).
     """
+    if estimator not in ("tb_gae", "gae"):
+        raise ValueError(f"unknown advantage estimator {estimator!r}; use 'tb_gae' or 'gae'")
     gen = batch["gen_mask"].astype(bool) & predictable_mask(batch["segment_ids"])
     rewards = jnp.asarray(batch["rewards"], jnp.float32)
     dones = jnp.asarray(batch["dones"], bool)
-    if estimator == "tb_gae":
-        adv, ret, _ = tb_gae(rewards, values, jnp.asarray(batch["turn_ids"]), gen, dones,
-                             gamma_turn=gamma_turn, lambda_turn=lambda_turn)
-    elif estimator == "gae":
-        adv, ret, _ = gae(rewards, values, gen, dones, gamma=gamma, lam=lam)
-    else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; use 'tb_gae' or 'gae'")
+    turn_ids = jnp.asarray(batch["turn_ids"]) if estimator == "tb_gae" else None
+
+    def run(carry):
+        if estimator == "tb_gae":
+            return tb_gae(rewards, values, turn_ids, gen, dones, gamma_turn=gamma_turn,
+                          lambda_turn=lambda_turn, carry=carry)
+        return gae(rewards, values, gen, dones, gamma=gamma, lam=lam, carry=carry)
+
+    adv, ret, carry_out = run(None)
+    if next_row is not None:
+        nxt = np.asarray(next_row)
+        depth, row = 0, nxt.copy()  # longest chain of successors
+        while (row >= 0).any():
+            depth += 1
+            row = np.where(row >= 0, nxt[np.clip(row, 0, None)], -1)
+        has = jnp.asarray(nxt >= 0)
+        idx = jnp.asarray(np.clip(nxt, 0, None))
+        empty = empty_carry(nxt.shape[0], jnp.float32)
+        for _ in range(depth):
+            carry = jax.tree.map(lambda c, e: jnp.where(has, c[idx], e), carry_out, empty)
+            adv, ret, carry_out = run(carry)
     return adv, ret
 
 
 def prepare_ppo_batch(actor: TrainState, critic: TrainState, batch: Mapping[str, Array], *,
                       num_microbatches: int = 1, logprob_fn=None, value_fn=None,
                       **advantage_kwargs) -> dict:
+    # advantage_kwargs may hold next_row ([B], `compute_advantages`); it is not a batch key.
     """Add old_logprobs (recomputed), old_values, advantages, returns to a packed batch.
 
     batch: tokens, positions, segment_ids, gen_mask, rewards, dones (and turn_ids for

@@ -19,7 +19,12 @@ One rollout step k (1-based):
      `checkpoint.every` steps (and at the end): a full resume checkpoint (`RunCheckpointer`:
      both train states, PRNG key, policy version, data position, divisor table);
   5. one line of metrics appended to `<workdir>/metrics.jsonl` (file rewritten atomically) and
-     a progress line printed.
+     to TensorBoard (`<workdir>/tensorboard`), a progress line printed; the step's episodes,
+     packed credit arrays and eval episodes go to `<workdir>/trajectories/`
+     (`terminal_rsi.rpr.artifacts`, contract C2); `<workdir>/summary.json` at the end.
+
+Deterministic (bit-reproducible on CPU, also across kill + resume) at
+`rollout.concurrency = 1`; higher concurrency makes sampler batching timing-dependent.
 
 A run whose workdir holds a checkpoint resumes from the latest one: step counter, train
 states, key, data position and policy version continue, and metric lines of steps after the
@@ -27,11 +32,15 @@ checkpoint are discarded (they belong to the interrupted run).
 
 `mode = "warmup_critic"`: one pass over the training tasks (ceil(#tasks / batch_size)
 rollout steps) with the actor frozen and critic-only updates; the critic is exported with
-`export_weights(<workdir>/export, "critic")` for the next stage.
+`export_weights(<workdir>/export, "critic")` for the next stage (the unchanged actor is
+exported next to it, as every training stage exports both roles).
+
+Rows of one episode split by summarization are linked (`PackedBatch.next_row`): each row's
+TB-GAE / GAE recursion continues from its successor row's first generated value and
+advantage (`ppo_step.compute_advantages(next_row=...)`), as in the unsplit episode.
 
 Limitations: rollouts are synchronous (policy lag is always 0 here; `AsyncRollouts` is not
-wired in); rows of one episode split by summarization are treated as independent chains (the
-TB-GAE carry across `next_row` links is not applied; `truncated_rows` counts them).
+wired in).
 """
 
 from __future__ import annotations
@@ -75,7 +84,6 @@ SCHEMA = {
     "harness.temperature": Field(float, "sampling temperature", lo=0.0),
     "harness.system_prompt": Field(str, "system prompt (None: the harness default)",
                                    optional=True),
-    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
     "rewards.fn": Field(str, "frozen reward function of the phase",
                         choices=("fdr", "spr", "binary")),
     "rewards.divisors_path": Field(str, "FamilyDivisors JSON (None: defaults, fallback 82)",
@@ -110,6 +118,11 @@ SCHEMA = {
     "eval.num_tasks": Field(int, "held-out tasks per evaluation", lo=1),
     "checkpoint.every": Field(int, "checkpoint every M steps (and at the end)", lo=1),
     "checkpoint.max_to_keep": Field(int, "checkpoints kept", lo=1),
+    "mesh.data": Field(int, "data-parallel mesh axis size (None: inferred)", lo=1,
+                       optional=True),
+    "mesh.fsdp": Field(int, "fsdp mesh axis size (None: the remaining devices)", lo=1,
+                       optional=True),
+    "mesh.tensor": Field(int, "tensor mesh axis size (None: inferred)", lo=1, optional=True),
 }
 
 
@@ -158,7 +171,14 @@ def _opt(section):
                            weight_decay=section.weight_decay, grad_clip=section.grad_clip)
 
 
+def mesh_shape(config) -> dict[str, int]:
+    """The `mesh.*` sizes that are set (unset axes are inferred by `sharding.make_mesh`)."""
+    section = config.get("mesh") or {}
+    return {k: int(v) for k, v in dict(section).items() if v is not None}
+
+
 def _states(config, mcfg):
+    from terminal_rsi import sharding as shd
     from terminal_rsi.checkpoint import import_weights
     from terminal_rsi.models.transformer import DecoderLM, ValueModel
     from terminal_rsi.train_state import create_train_state
@@ -166,9 +186,11 @@ def _states(config, mcfg):
     # Initial states are cached per process (the sharded init compiles slowly on CPU) and
     # handed out as copies, since the update steps donate their input state.
     oa, oc = _opt(config.actor_opt), _opt(config.critic_opt)
-    actor, critic = _cached(("init", mcfg, oa, oc, config.seed), lambda: (
-        create_train_state(DecoderLM, mcfg, oa, seed=config.seed),
-        create_train_state(ValueModel, mcfg, oc, seed=config.seed + 1)))
+    shape = mesh_shape(config)
+    actor, critic = _cached(("init", mcfg, oa, oc, config.seed, tuple(sorted(shape.items()))),
+                            lambda: (
+        create_train_state(DecoderLM, mcfg, oa, shd.make_mesh(shape), seed=config.seed),
+        create_train_state(ValueModel, mcfg, oc, shd.make_mesh(shape), seed=config.seed + 1)))
     actor, critic = jax.tree.map(jnp.copy, (actor, critic))
     if config.init.actor_weights:
         actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
@@ -319,13 +341,12 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     h = config.harness
 
     def harness_for(reward_fn):
+        extra = {"system_prompt": h.system_prompt} if h.get("system_prompt") else {}
         return HarnessConfig(
-            max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
+            **extra, max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
             max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
             agent_timeout_s=h.agent_timeout_s, reward_fn=reward_fn, divisors=divisors,
             sampling=SamplingSettings(temperature=h.temperature),
-            **({"system_prompt": h.system_prompt} if h.system_prompt else {}),
-            max_observation_chars=h.max_observation_chars,
             verify_backend=config.tasks.backend)
 
     def sandbox(task):
@@ -356,7 +377,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids",
                                                  "gen_mask", "rewards", "dones", "turn_ids")}
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
-                                     logprob_fn=logprob_fn, value_fn=value_fn, **adv_kwargs)
+                                     logprob_fn=logprob_fn, value_fn=value_fn,
+                                     next_row=packed.next_row, **adv_kwargs)
         name = artifacts.step_name("step", step)
         for t in res.trajectories:
             t.meta.update(rpr_step=step, rpr_mode=config.mode)

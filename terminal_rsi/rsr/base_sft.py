@@ -143,10 +143,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed)
     s = config.sft
     step_fn = make_sft_step(Aggregation(s.aggregation), s.num_microbatches, state=actor)
-    # rows padded to a multiple of cache_multiple (no power-of-two rounding: the SFT batch is
-    # dense, and short rows are the point of the tiny harness)
+    # rows padded to the batch's longest row rounded up to cache_multiple (a handful of
+    # compiled shapes; padding every batch to the longest demonstration costs more on CPU)
     buckets = Buckets(cache_multiple=config.rollout.cache_multiple,
                       batch_multiple=s.num_microbatches, power_of_two=False)
+    width = None
     eval_tasks = (cm.task_list(config, config.tasks.eval_split,
                                config.tasks.eval_n_per_family)[:config.eval.num_tasks]
                   if config.eval.num_tasks else [])
@@ -172,29 +173,33 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             row["eval/guided_success"] = float(np.mean([t.S for t in gv]))
         final_eval = ev
 
-    def on_step(k: int, row: dict) -> None:
-        metrics.append(row)
-        if k % 10 == 0 or k == s.steps:
-            print(f"[base_sft] step {k}/{s.steps} loss {row['loss']:.3f} nll/token "
-                  f"{row['nll_per_token']:.4f} {time.monotonic() - t_train0:.0f}s", flush=True)
+    def on_step(offset: int):
+        def f(k: int, row: dict) -> None:
+            row["step"] = k + offset
+            metrics.append(row)
+            if row["step"] % 10 == 0 or row["step"] == s.steps:
+                print(f"[base_sft] step {row['step']}/{s.steps} loss {row['loss']:.3f} "
+                      f"nll/token {row['nll_per_token']:.4f} "
+                      f"{time.monotonic() - t_train0:.0f}s", flush=True)
+        return f
 
     # train in chunks between evaluations
     every = config.eval.every or s.steps
     done = 0
+    cpu0 = time.process_time()
     while done < s.steps:
         n = min(every, s.steps - done)
         t0 = time.monotonic()
-        actor, rows = train_sft(actor, demos, step_fn, num_steps=n, batch_size=s.batch_size,
-                                rng=rng, buckets=buckets, sampler=sampler)
+        actor, _ = train_sft(actor, demos, step_fn, num_steps=n, batch_size=s.batch_size,
+                             rng=rng, buckets=buckets, sampler=sampler, width=width,
+                             on_step=on_step(done))
         train_s += time.monotonic() - t0
-        for r in rows:
-            r["step"] += done
-            on_step(r["step"], r)
         done += n
         if done < s.steps and config.eval.every:
             run_eval(done, metrics[-1])
             print(f"[base_sft] eval at step {done}: {_eval_str(metrics[-1])}", flush=True)
         cm.write_jsonl(metrics_path, metrics)
+    train_cpu_s = time.process_time() - cpu0  # includes in-training evaluations
     if not metrics:  # sft.steps == 0: one line so that metrics.jsonl is never empty
         metrics.append({"step": 0})
     run_eval(s.steps, metrics[-1])
@@ -210,6 +215,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "families": sorted({t.family for t in tasks}),
         "demo_s": t_demo,
         "train_s": train_s,
+        "train_cpu_s": train_cpu_s,
         "sft_steps": s.steps,
         "final_nll_per_token": last.get("nll_per_token"),
         "heldout_tasks": len(eval_tasks),

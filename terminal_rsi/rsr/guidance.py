@@ -28,8 +28,7 @@ from terminal_rsi.agent.trajectory import Trajectory
 from terminal_rsi.rsr.runbook import Runbook
 
 # I_exec: short, because the tiny byte-level model reads every character of it.
-EXEC_INSTRUCTION = ("Private runbook for this task (verified). Carry out its steps with your "
-                    "own actions; never quote or mention it.")
+EXEC_INSTRUCTION = "Private guidance: follow this runbook; never mention it."
 GUIDED_SUFFIX = "+guidance"
 PRIVATE_META_KEYS = ("public_prompt_ids", "runbook", "private_guidance", "guidance")
 

@@ -85,31 +85,58 @@ def make_nll_fn(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
     return fn
 
 
-def sft_batch(trajectories: Sequence, buckets=None, max_len: int | None = None) -> dict:
-    """Pack trajectories into the SFT arrays (SFT_KEYS) with `pack_trajectories`."""
+def row_length(traj) -> int:
+    """Longest packed row (summarization segment) of a trajectory, in tokens."""
+    return max((len(traj.segment_tokens(k)[0]) for k in {t.segment for t in traj.turns}),
+               default=0)
+
+
+def sft_batch(trajectories: Sequence, buckets=None, max_len: int | None = None,
+              width: int | None = None, rows: int | None = None) -> dict:
+    """Pack trajectories into the SFT arrays (SFT_KEYS) with `pack_trajectories`; `width`
+    pads every row to that fixed length and `rows` adds empty rows (no supervised token) up
+    to that many, so a whole run compiles one shape."""
     from terminal_rsi.agent import pack_trajectories
 
     packed = pack_trajectories(list(trajectories), buckets=buckets, max_len=max_len)
-    return {k: getattr(packed, k) for k in SFT_KEYS}
+    out = {k: getattr(packed, k) for k in SFT_KEYS}
+    if width is not None:
+        cur = out["tokens"].shape[1]
+        if cur > width:
+            raise ValueError(f"packed rows of {cur} tokens exceed the fixed width {width}")
+        out = {k: np.pad(v, ((0, 0), (0, width - cur))) for k, v in out.items()}
+    if rows is not None and out["tokens"].shape[0] < rows:
+        extra = rows - out["tokens"].shape[0]
+        out = {k: np.pad(v, ((0, extra), (0, 0))) for k, v in out.items()}
+    return out
+
+
+def fixed_width(trajectories: Sequence, multiple: int = 64) -> int:
+    """The longest row of `trajectories` rounded up to `multiple` (for `sft_batch`)."""
+    n = max((row_length(t) for t in trajectories), default=1)
+    return -(-n // multiple) * multiple
 
 
 def mean_nll(state: TrainState, trajectories: Sequence, nll_fn, *, batch_size: int = 8,
-             buckets=None) -> float:
+             buckets=None, width: int | None = None) -> float:
     """Token-mean NLL of the generated positions of `trajectories` under `state`."""
     tot, n = 0.0, 0.0
     for i in range(0, len(trajectories), batch_size):
-        mt = jax.device_get(nll_fn(state, sft_batch(trajectories[i:i + batch_size], buckets)))
+        chunk = list(trajectories[i:i + batch_size])
+        mt = jax.device_get(nll_fn(state, sft_batch(chunk, buckets, width=width,
+                                                    rows=batch_size)))
         tot += float(mt["nll_per_token"]) * float(mt["tokens"])
         n += float(mt["tokens"])
     return tot / max(n, 1.0)
 
 
 def train_sft(state: TrainState, trajectories: Sequence, step_fn, *, num_steps: int,
-              batch_size: int, rng: np.random.Generator, buckets=None,
+              batch_size: int, rng: np.random.Generator, buckets=None, width: int | None = None,
               on_step: Callable[[int, dict], Any] | None = None,
               sampler: Callable[[np.random.Generator, int], Sequence] | None = None):
     """`num_steps` SFT steps, each on `batch_size` trajectories drawn uniformly with
-    replacement (or by `sampler(rng, batch_size)`, e.g. a curriculum). Returns (state,
+    replacement (or by `sampler(rng, batch_size)`, e.g. a curriculum), packed to `width`
+    (None: the bucketed batch maximum, a new compile per new shape). Returns (state,
     per-step metric dicts with "step", "loss", "nll_per_token", "tokens", "grad_norm",
     "step_s")."""
     if not trajectories and sampler is None:
@@ -121,7 +148,7 @@ def train_sft(state: TrainState, trajectories: Sequence, step_fn, *, num_steps: 
             picked = list(sampler(rng, batch_size))
         else:
             picked = [trajectories[i] for i in rng.integers(0, len(trajectories), batch_size)]
-        state, mt = step_fn(state, sft_batch(picked, buckets))
+        state, mt = step_fn(state, sft_batch(picked, buckets, width=width))
         row = {"step": k, **{key: float(v) for key, v in jax.device_get(mt).items()},
                "step_s": time.monotonic() - t0}
         rows.append(row)

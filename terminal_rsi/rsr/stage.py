@@ -50,8 +50,9 @@ from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
 from terminal_rsi.rsr import common as cm
 
 SCHEMA = {
-    **BASE_SCHEMA, **EPISODE_SCHEMA, **cm.MODEL_SCHEMA, **cm.INIT_SCHEMA, **cm.TASK_SCHEMA,
-    **cm.HARNESS_SCHEMA, **cm.ROLLOUT_SCHEMA, **cm.OPT_SCHEMA, **cm.SFT_SCHEMA,
+    **BASE_SCHEMA, **EPISODE_SCHEMA, **cm.MODEL_SCHEMA, **cm.INIT_SCHEMA,
+    "tasks.train_split": cm.TASK_SCHEMA["tasks.train_split"], **cm.HARNESS_SCHEMA,
+    **cm.ROLLOUT_SCHEMA, **cm.OPT_SCHEMA, **cm.SFT_SCHEMA,
     "discovery.harnesses": Field(tuple, "complementary harnesses: hints, hot, long, external",
                                  item_type=str),
     "discovery.hints": Field(tuple, "hints of the `hints` harness", item_type=str),
@@ -168,7 +169,13 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
     from terminal_rsi.rsr.planner import make_planner
     from terminal_rsi.rsr.reviewer import Reviewer, privileged_strings
-    from terminal_rsi.rsr.sft import make_nll_fn, make_sft_step, mean_nll, train_sft
+    from terminal_rsi.rsr.sft import (
+        fixed_width,
+        make_nll_fn,
+        make_sft_step,
+        mean_nll,
+        train_sft,
+    )
     from terminal_rsi.sampling import Buckets
 
     t_start = time.monotonic()
@@ -266,12 +273,16 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     metrics: list[dict] = []
     nll_before = nll_after = None
     if q_clean and s.steps:
+        width = fixed_width(q_clean, config.rollout.cache_multiple)
         nll_fn = make_nll_fn(agg)
-        nll_before = mean_nll(actor, q_clean, nll_fn, buckets=buckets)
+        nll_before = mean_nll(actor, q_clean, nll_fn, batch_size=s.batch_size,
+                              buckets=buckets, width=width)
         step_fn = make_sft_step(agg, s.num_microbatches, state=actor)
         actor, metrics = train_sft(actor, q_clean, step_fn, num_steps=s.steps,
-                                   batch_size=s.batch_size, rng=rng, buckets=buckets)
-        nll_after = mean_nll(actor, q_clean, nll_fn, buckets=buckets)
+                                   batch_size=s.batch_size, rng=rng, buckets=buckets,
+                                   width=width)
+        nll_after = mean_nll(actor, q_clean, nll_fn, batch_size=s.batch_size,
+                             buckets=buckets, width=width)
     else:
         metrics = [{"step": 0, "skipped": "empty Q_clean" if not q_clean else "sft.steps=0"}]
     cm.write_jsonl(os.path.join(workdir, "metrics.jsonl"), metrics)

@@ -62,3 +62,66 @@ def joint_step(num_microbatches=1):
     from terminal_rsi.ppo_step import make_rpr_step
 
     return make_rpr_step(PPOConfig(), num_microbatches=num_microbatches, donate=False)
+
+
+def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong_per_right=1):
+    """Partial competence for a random-init byte-level actor (test helper, not a base stage):
+    masked-NLL SFT (`losses.sft_loss`, Eq. 3) on one reference reply per training task plus
+    `wrong_per_right` replies that differ only in a command argument ('ERROR' -> 'WARN', which
+    fails the count_lines verifier), rendered through the harness of `config`. The actor
+    then solves a task with probability ~1/(1 + wrong_per_right) at temperature 1, minus its
+    residual per-token error: a policy RL can improve. Exports to `export_dir` ("actor")."""
+    from terminal_rsi import ppo_step as ps
+    from terminal_rsi.agent import HarnessConfig, pack_trajectories
+    from terminal_rsi.agent.harness import (
+        ReferencePolicy,
+        ScriptedPolicy,
+        reference_action,
+        run_episode,
+    )
+    from terminal_rsi.checkpoint import export_weights
+    from terminal_rsi.losses import Aggregation, sft_loss
+    from terminal_rsi.models.tokenizer import ByteTokenizer
+    from terminal_rsi.rpr.phase import _states, _tasks, model_config
+    from terminal_rsi.sampling import Buckets
+    from terminal_rsi.tasks import open_task_sandbox
+    from terminal_rsi.train_state import make_update_step
+
+    tok = ByteTokenizer()
+    h = config.harness
+    harness = HarnessConfig(max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
+                            system_prompt=h.system_prompt)
+    tasks = _tasks(config, config.tasks.train_split, config.tasks.n_per_family)
+    wrong = ScriptedPolicy(tok, lambda r: reference_action(r.task, r.turn).replace(
+        "ERROR", "WARN"))
+
+    def sandbox(task):
+        return open_task_sandbox(task, config.tasks.backend)
+
+    trajs = [run_episode(t, ReferencePolicy(tok), sandbox, harness) for t in tasks]
+    trajs += [run_episode(t, wrong, sandbox, harness) for t in tasks
+              for _ in range(wrong_per_right)]
+    assert [t.S for t in trajs] == [1] * len(tasks) + [0] * (len(trajs) - len(tasks))
+    packed = pack_trajectories(trajs, buckets=Buckets(cache_multiple=128))
+    batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids", "gen_mask")}
+
+    def loss_fn(params, graphdef, b):
+        lp, _ = ps.actor_logprobs(params, graphdef, b)
+        mask = b["gen_mask"] & ps.predictable_mask(b["segment_ids"])
+        parts = sft_loss(lp, mask, Aggregation.TOKEN_MEAN, segment_ids=b["segment_ids"])
+        return parts.total / parts.denom, {}
+
+    from terminal_rsi.models.transformer import DecoderLM
+    from terminal_rsi.train_state import OptimizerConfig, create_train_state
+
+    actor, _ = _states(config, model_config(config))
+    state = create_train_state(DecoderLM, model_config(config),
+                               OptimizerConfig(learning_rate, grad_clip=1.0),
+                               actor.step.sharding.mesh, params=actor.params)
+    step = make_update_step(loss_fn, state)
+    losses = []
+    for _ in range(sft_steps):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    export_weights(export_dir, "actor", state.params, force=True)
+    return losses

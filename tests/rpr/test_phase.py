@@ -21,7 +21,10 @@ TIMING_KEYS = ("rollout_s", "step_s")
 def _config():
     c = get_config()
     c.num_steps = 3
-    c.model.d_model, c.model.d_ff, c.model.max_seq_len = 16, 32, 2048
+    c.model.d_model, c.model.d_ff, c.model.max_seq_len = 16, 32, 512
+    # a short system prompt keeps rows at 128 tokens (the default prompt alone is ~500)
+    c.harness.system_prompt = "Reply with one JSON action."
+    c.rollout.cache_multiple = 128
     c.model.head_dim = 8
     c.tasks.families = ("create_file", "count_lines")
     c.harness.max_output_tokens = 8
@@ -229,3 +232,17 @@ def test_prune_after_removes_only_later_steps(tmp_path):
                                "step_100000.jsonl"]
     assert sorted(os.listdir(tmp_path)) == ["eval_00002.jsonl", "notes.txt",
                                             "step_00001.credit.npz", "step_00001.jsonl"]
+
+
+def test_scalar_writer_without_tensorboardx_warns_once(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails
+    monkeypatch.setattr(ScalarWriter, "_warned", False)
+    for _ in range(2):
+        w = ScalarWriter(str(tmp_path / "tb"))
+        w.write(1, {"reward_binary": 1.0})
+        w.close()
+        assert not w.enabled
+    assert capsys.readouterr().err.count("tensorboardX is not installed") == 1
+    assert not (tmp_path / "tb").exists()

@@ -150,3 +150,88 @@ def test_check_batch_errors(setup):
     bad["gen_mask"][1, 5] = True  # first token of segment 2
     with pytest.raises(ps.BatchError, match=r"\[1, 5\]"):
         ps.check_batch(bad)
+
+
+def test_chunked_logprobs_match_full_logits_values_and_gradients(setup, chunk=5):
+    """The training-side path (`actor_logprobs`, chunked) equals log-softmax over the full
+    [B, L, V] logits (`token_logprobs`), in value and in gradient w.r.t. the parameters."""
+    actor, _, batch = setup
+    keys = {k: batch[k] for k in ("tokens", "positions", "segment_ids")}
+    w = jnp.asarray(np.random.default_rng(1).normal(size=batch["tokens"].shape), jnp.float32)
+
+    def full(params):
+        from flax import nnx
+
+        logits, _ = nnx.merge(actor.graphdef, params)(keys["tokens"], keys["positions"],
+                                                      keys["segment_ids"])
+        return ps.token_logprobs(logits, keys["tokens"], keys["segment_ids"])[0]
+
+    def chunked(params):
+        return ps.actor_logprobs(params, actor.graphdef, keys, chunk_size=chunk)[0]
+
+    # chunk 5 does not divide L = 12: the padded last chunk is exercised too
+    np.testing.assert_allclose(chunked(actor.params), full(actor.params), rtol=1e-5, atol=1e-5)
+    g_full = jax.jit(jax.grad(lambda p: jnp.sum(w * full(p))))(actor.params)
+    g_chunk = jax.jit(jax.grad(lambda p: jnp.sum(w * chunked(p))))(actor.params)
+    for a, b in zip(jax.tree.leaves(g_chunk), jax.tree.leaves(g_full), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("estimator", ["tb_gae", "gae"])
+def test_split_episode_continues_from_its_successor_row(estimator):
+    """An episode split by summarization into three rows (next_row links 0 -> 2 -> 1) gets
+    the advantages of the same episode in one row; without the links it does not."""
+    rng = np.random.default_rng(3)
+    # unsplit row: prompt 2, then turns 0..3 of 2 generated tokens with 2 observation tokens
+    # between them; the split rows restart with a 2-token (summary) prompt before turns 2, 3.
+    turns = [0, 1, 2, 3]
+    full_gen = [0, 0] + sum(([1, 1, 0, 0] for _ in turns), [])[:-2]
+    length = 20
+    v = rng.normal(size=len(turns) * 2).astype(np.float32)
+
+    def row(turn_list, prompt=2):
+        gen, tid, val = [0] * prompt, [-1] * prompt, [0.0] * prompt
+        for i, t in enumerate(turn_list):
+            gen += [1, 1]
+            tid += [t, t]
+            val += [v[2 * t], v[2 * t + 1]]
+            if i + 1 < len(turn_list):
+                gen += [0, 0]
+                tid += [t, t]
+                val += [0.0, 0.0]
+        pad = length - len(gen)
+        return gen + [0] * pad, tid + [-1] * pad, val + [0.0] * pad, len(gen)
+
+    def batch(rows, done_row):
+        g, t, val, n = zip(*rows, strict=True)
+        b = len(rows)
+        seg = np.zeros((b, length), np.int32)
+        for i in range(b):
+            seg[i, :n[i]] = 1
+        gen = np.array(g, bool)
+        dones = np.zeros((b, length), bool)
+        rewards = np.zeros((b, length), np.float32)
+        last = np.flatnonzero(gen[done_row])[-1]
+        dones[done_row, last], rewards[done_row, last] = True, 1.5
+        return ({"gen_mask": gen, "turn_ids": np.array(t, np.int32), "segment_ids": seg,
+                 "rewards": rewards, "dones": dones}, jnp.asarray(np.array(val, np.float32)))
+
+    whole, v_whole = batch([row(turns)], 0)
+    assert whole["gen_mask"][0, :len(full_gen)].tolist() == [bool(x) for x in full_gen]
+    split, v_split = batch([row([0, 1]), row([3]), row([2])], 1)
+    kw = dict(estimator=estimator, gamma_turn=0.9, lambda_turn=0.8, gamma=0.95, lam=0.7)
+    adv_w, ret_w = ps.compute_advantages(v_whole, whole, **kw)
+    adv_s, ret_s = ps.compute_advantages(v_split, split, next_row=np.array([2, -1, 1]), **kw)
+    adv_n, _ = ps.compute_advantages(v_split, split, **kw)
+
+    def gen_values(a, b):
+        return np.asarray(a)[b["gen_mask"]]
+
+    want = gen_values(adv_w, whole)  # turns 0,1,2,3 in order
+    got = gen_values(adv_s, split)  # rows 0 (turns 0,1), 1 (turn 3), 2 (turn 2)
+    got = np.concatenate([got[:4], got[6:8], got[4:6]])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    r_got = gen_values(ret_s, split)
+    np.testing.assert_allclose(np.concatenate([r_got[:4], r_got[6:8], r_got[4:6]]),
+                               gen_values(ret_w, whole), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(gen_values(adv_n, split)[:4], want[:4])

@@ -1,0 +1,134 @@
+"""RSR fresh execution, Q_clean, fine-tuning (Eq. 3) and the `rsr` / `base_sft` stages with a
+tiny model on built-in tasks."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from terminal_rsi.agent import HarnessConfig, SamplingSettings, read_shard
+from terminal_rsi.checkpoint import export_weights
+from terminal_rsi.losses import Aggregation
+from terminal_rsi.models.config import get_model_config
+from terminal_rsi.models.tokenizer import ByteTokenizer
+from terminal_rsi.models.transformer import DecoderLM, critic_params_from_actor
+from terminal_rsi.rsr import common as cm
+from terminal_rsi.rsr.base_sft import runbook_for_task
+from terminal_rsi.rsr.reviewer import privileged_strings
+from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
+from terminal_rsi.rsr.stage import fresh_execute, run_rsr
+from terminal_rsi.sampling import Buckets
+from terminal_rsi.tasks.builtin import make_task
+from terminal_rsi.train_state import OptimizerConfig, create_train_state
+from tests.rsr.helpers import TINY_MODEL, follower_policy, tiny_stage_config
+
+TOK = ByteTokenizer()
+SYSTEM = "Reply with one JSON action."
+H0 = HarnessConfig(name="H0", system_prompt=SYSTEM, max_turns=1, max_output_tokens=128,
+                   max_input_tokens=1024, summarize_threshold=None,
+                   sampling=SamplingSettings(temperature=0.0), reward_fn="binary")
+MCFG = get_model_config("tiny", **{k: v for k, v in TINY_MODEL.items()
+                                   if k not in ("preset", "vocab_size")})
+BUCKETS = Buckets(cache_multiple=64, power_of_two=False)
+
+
+class _Cfg:  # the config pieces make_sampler_policy reads
+    class rollout:  # noqa: N801
+        decode_block, prefill_chunk, cache_multiple = 32, 128, 64
+
+
+@pytest.fixture(scope="module")
+def q_clean():
+    tasks = [make_task("count_lines", s) for s in (0, 1, 2)]
+    todo = [(t, runbook_for_task(t), privileged_strings(t)) for t in tasks]
+    from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
+
+    fresh, clean = fresh_execute(follower_policy(TOK), H0, todo, 2, TOK, 4, EXEC_INSTRUCTION)
+    return tasks, todo, fresh, clean
+
+
+def test_q_clean_public_prefix_has_no_runbook_tokens(q_clean):
+    tasks, todo, fresh, clean = q_clean
+    assert len(fresh) == 6 and len(clean) == 6  # multiset: M = 2 repeats each kept
+    assert sorted(t.task_id for t in clean) == sorted([t.id for t in tasks] * 2)
+    for traj, (_, rb, _) in zip(clean, [x for x in todo for _ in range(2)], strict=True):
+        guided = next(f for f in fresh if f.task_id == traj.task_id)
+        assert rb.to_text() in TOK.decode(guided.turns[0].prompt_ids)
+        prefix = traj.turns[0].prompt_ids
+        text = TOK.decode(prefix)
+        assert "Runbook" not in text and rb.to_text() not in text
+        rb_ids = TOK.encode(rb.to_text())
+        assert all(prefix[i:i + len(rb_ids)] != rb_ids for i in range(len(prefix)))
+        assert traj.turns[0].sampled_ids == guided.turns[0].sampled_ids
+        assert "runbook" not in traj.meta and traj.meta["public_view"]
+
+
+@pytest.fixture(scope="module")
+def trained(q_clean):
+    """A tiny random actor fine-tuned with Eq. 3 on Q_clean (plus the guided executions, as
+    base_sft does, so that it also carries out runbooks for the stage test below)."""
+    _, _, fresh, clean = q_clean
+    actor = create_train_state(DecoderLM, MCFG, OptimizerConfig(3e-3, weight_decay=0.0),
+                               seed=0)
+    before_params = jax.tree.map(np.array, actor.params)
+    width = fixed_width(clean + fresh, 64)
+    nll_fn = make_nll_fn(Aggregation.SEQUENCE_SUM)
+    nll0 = mean_nll(actor, clean, nll_fn, batch_size=4, buckets=BUCKETS, width=width)
+    step = make_sft_step(Aggregation.SEQUENCE_SUM, state=actor)
+    actor, rows = train_sft(actor, clean + fresh, step, num_steps=60, batch_size=4,
+                            rng=np.random.default_rng(0), buckets=BUCKETS, width=width)
+    nll1 = mean_nll(actor, clean, nll_fn, batch_size=4, buckets=BUCKETS, width=width)
+    return before_params, actor, nll0, nll1, rows
+
+
+_SAMPLERS: dict = {}
+
+
+def _success(params_state, tasks):
+    pol = cm.make_sampler_policy(params_state, MCFG, TOK, _Cfg, 0, _SAMPLERS)
+    return float(np.mean([t.S for t in cm.collect(pol, H0, tasks, 4)]))
+
+
+def test_finetuning_lowers_nll_and_raises_success(q_clean, trained):
+    tasks = q_clean[0]
+    before_params, actor, nll0, nll1, rows = trained
+    assert nll1 < 0.5 * nll0 and rows[-1]["step"] == 60
+    before = actor.replace(params=before_params)
+    assert _success(before, tasks) == 0.0
+    assert _success(actor, tasks) >= 2 / 3
+
+
+def test_rsr_stage_end_to_end(tmp_path, trained):
+    """Actor: the fine-tuned one above (it writes the count_lines action), so guided fresh
+    execution succeeds and Q_clean is non-empty; the critic comes from another export and
+    must come out bit-identical."""
+    _, actor, _, _, _ = trained
+    src = str(tmp_path / "in")
+    export_weights(src, "actor", actor.params)
+    critic = critic_params_from_actor(actor.params)
+    critic["value_head"]["w"] = critic["value_head"]["w"] + 0.5  # not the default init
+    export_weights(src, "critic", jax.device_get(critic))
+    cfg = tiny_stage_config(**{"init.actor_weights": src, "init.critic_weights": src,
+                               "harness.system_prompt": SYSTEM, "harness.temperature": 0.0,
+                               "eval.rewritten": False})
+    wd = str(tmp_path / "rsr")
+    res = run_rsr(cfg, wd)
+    s = json.load(open(os.path.join(wd, "summary.json")))
+    assert s["critic_bit_identical"] is True
+    assert s["discovery"]["external"]["success_rate"] == 1.0
+    assert s["runbooks_accepted"] >= 1 and s["fresh_executions"] == 2 * s["runbooks_accepted"]
+    assert s["q_clean_size"] == len(read_shard(os.path.join(wd, "trajectories",
+                                                            "q_clean.jsonl")))
+    assert s["q_clean_size"] >= 1 and s["q_clean_per_family"] == {"count_lines":
+                                                                  s["q_clean_size"]}
+    assert s["nll_after"] <= s["nll_before"]
+    for name in ("discovery", "fresh", "q_clean"):
+        assert os.path.exists(os.path.join(wd, "trajectories", f"{name}.jsonl"))
+    rows = [json.loads(x) for x in open(os.path.join(wd, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2]
+    for role in ("actor", "critic"):
+        assert os.path.isdir(os.path.join(wd, "export", role))
+    assert np.array_equal(np.asarray(res.critic_params["value_head"]["w"]),
+                          np.asarray(critic["value_head"]["w"]))
