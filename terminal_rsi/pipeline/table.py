@@ -40,7 +40,8 @@ def stage_table(ledgers: Sequence[dict], suites: Sequence[str] = SUITES) -> str:
                 names.append(s["name"])
     k = next((e.get("k") for led in ledgers for s in led.get("stages", [])
               for e in (s.get("eval") or {}).values() if isinstance(e, dict) and e.get("k")), 3)
-    head = ["stage"] + [f"{x} Mean@{k} (%)" for x in suites] + ["process reward", "wall s"]
+    head = (["stage"] + [f"{x} Mean@{k} (%)" for x in suites]
+            + [f"{suites[0]} process reward (%)", "wall s"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n in names:
         entries = [s for led in ledgers for s in led.get("stages", []) if s["name"] == n]
@@ -49,8 +50,8 @@ def stage_table(ledgers: Sequence[dict], suites: Sequence[str] = SUITES) -> str:
             cells.append(_cell([e["eval"][suite]["mean_at_k"] for e in entries
                                 if (e.get("eval") or {}).get(suite, {}).get("mean_at_k")
                                 is not None]))
-        cells.append(_cell([e["eval"][s]["process_reward"] for e in entries
-                            for s in suites if (e.get("eval") or {}).get(s, {}).get(
+        cells.append(_cell([e["eval"][suites[0]]["process_reward"] for e in entries
+                            if (e.get("eval") or {}).get(suites[0], {}).get(
                                 "process_reward") is not None]))
         walls = [e["wall_s"] for e in entries if e.get("wall_s") is not None]
         cells.append(f"{np.mean(walls):.0f}" if walls else "-")
