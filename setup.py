@@ -15,6 +15,12 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
+    # Executing notebooks/*.ipynb top to bottom (tests/notebooks); also in "dev" below.
+    "notebooks": [
+        "nbclient>=0.10,<1",
+        "nbformat>=5.9,<6",
+        "ipykernel>=6.29,<8",
+    ],
     "test": [
         "pytest>=8,<10",
         "pytest-xdist>=3.5,<4",  # pyproject addopts: -n auto
@@ -25,6 +31,9 @@ EXTRAS = {
     ],
     "dev": [
         "ruff>=0.6",
+        "nbclient>=0.10,<1",
+        "nbformat>=5.9,<6",
+        "ipykernel>=6.29,<8",
     ],
     "sandbox": [
         "starlette>=0.37,<1",

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
         validate_config(config, experiment.SCHEMA)
     except ConfigError as e:
         _fail(str(e))
-    if "distributed" in config:  # multi-host: jax.distributed.initialize when enabled
+    if "distributed" in config or os.environ.get("TERMINAL_RSI_DISTRIBUTED"):  # multi-host
         from terminal_rsi import sharding
 
         sharding.maybe_initialize_distributed(config)

@@ -144,7 +144,8 @@ EPISODE_SCHEMA: dict[str, Field] = {
     "tasks.suite": Field(str, "'builtin' or a directory of task dirs"),
     "tasks.n_per_family": Field(int, "built-in instances per family", lo=1),
     "tasks.families": Field(tuple, "families (empty: all in the split)", item_type=str),
-    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker)"),
+    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker, "
+                           "a bridge URL, or sandbox hosts as comma-separated URLs)"),
     "harness.max_turns": Field(int, "turn budget", lo=1),
     "harness.max_output_tokens": Field(int, "max tokens per turn", lo=1),
     "harness.max_input_tokens": Field(int, "max tokens per call", lo=1),

@@ -328,10 +328,14 @@ def maybe_initialize_distributed(config) -> bool:
     process_id}; env TERMINAL_RSI_COORDINATOR_ADDRESS / TERMINAL_RSI_NUM_PROCESSES /
     TERMINAL_RSI_PROCESS_ID; otherwise JAX auto-detection (TPU pods, SLURM, ...).
     A config without a `distributed` section, with enabled False, or with num_processes == 1
-    is a no-op (one host).
+    is a no-op (one host), unless env TERMINAL_RSI_DISTRIBUTED=1 (set by the launchers in
+    launch/) forces it for any experiment.
     """
     section = _get(config, "distributed")
-    if section is None or not _get(section, "enabled"):
+    forced = os.environ.get("TERMINAL_RSI_DISTRIBUTED", "").lower() in ("1", "true", "yes")
+    if forced and section is None:  # launchers (launch/*.py) set this for any experiment
+        section = {}
+    elif section is None or not _get(section, "enabled") and not forced:
         return False
     address = _get(section, "coordinator_address") or os.environ.get(
         "TERMINAL_RSI_COORDINATOR_ADDRESS")

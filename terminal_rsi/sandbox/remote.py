@@ -11,6 +11,7 @@ creation on infrastructure errors only):
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Mapping
 
@@ -26,16 +27,27 @@ from terminal_rsi.sandbox.errors import (
 log = logging.getLogger(__name__)
 
 
+TOKEN_ENV = "TERMINAL_RSI_SANDBOX_TOKEN"
+TOKEN_FILE_ENV = "TERMINAL_RSI_SANDBOX_TOKEN_FILE"
+
+
 def load_token(token: str | None = None, token_file: str | None = None) -> str:
+    """The bearer token: `token`, else the last field of the first line of `token_file`, else
+    env TERMINAL_RSI_SANDBOX_TOKEN, else the file named by TERMINAL_RSI_SANDBOX_TOKEN_FILE (how
+    launched trainers that only name hosts in `tasks.backend` get theirs)."""
     if token:
         return token
+    if not token_file and os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    token_file = token_file or os.environ.get(TOKEN_FILE_ENV)
     if token_file:
         with open(token_file, encoding="utf-8") as f:
             for line in f:
                 line = line.strip()
                 if line and not line.startswith("#"):
                     return line.rpartition(":")[2]
-    raise BadRequest("a bridge token is needed: pass token= or token_file=")
+    raise BadRequest("a bridge token is needed: pass token= or token_file=, or set "
+                     f"{TOKEN_ENV} or {TOKEN_FILE_ENV}")
 
 
 class BridgeClient:
