@@ -60,8 +60,8 @@ EXTRAS = {
         "tensorboardX>=2.6,<3",
     ],
 }
-EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["test"] + EXTRAS["sandbox"] + EXTRAS["models"]
-EXTRAS["dev"] = EXTRAS["dev"] + EXTRAS["metrics"]
+EXTRAS["dev"] = (EXTRAS["dev"] + EXTRAS["test"] + EXTRAS["sandbox"] + EXTRAS["models"]
+                 + EXTRAS["metrics"] + EXTRAS["report"])
 
 setup(
     name="terminal_rsi",
