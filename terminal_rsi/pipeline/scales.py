@@ -34,8 +34,12 @@ SCALES: dict[str, dict] = {
         "eval": {"k": 3, "n_per_family": 2, "heldout_families": HELDOUT_FAMILIES,
                  "concurrency": 16},
         "experiments": {
+            # the base configuration of the measured seed-0 run (README, docs/pipeline.md)
+            "base_sft": {"sft.steps": 300, "tasks.n_per_family": 24,
+                         "demos.runbook_fraction": 0.5, "actor_opt.warmup_steps": 20,
+                         "eval.every": 100, "eval.num_tasks": 30, "rollout.cache_multiple": 64},
             "rsr": {"tasks.n_per_family": 2, "discovery.hot_samples": 1, "execution.m": 2,
-                    "sft.steps": 40},
+                    "sft.steps": 40, "rollout.cache_multiple": 64},
             "rpr_phase": {"num_steps": 8, "tasks.n_per_family": 4, "rollout.batch_size": 10,
                           "rollout.concurrency": 10, "ppo.num_minibatches": 2,
                           "eval.every": 0, "eval.num_tasks": 10, "checkpoint.every": 4,

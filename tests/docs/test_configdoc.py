@@ -10,6 +10,9 @@ import pytest
 from terminal_rsi import configdoc, registry
 from terminal_rsi.configuration import flatten
 
+# module/session-scoped fixtures are expensive: keep these tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("configdoc")
+
 REPO = configdoc.REPO
 
 

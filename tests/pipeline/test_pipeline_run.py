@@ -15,6 +15,9 @@ from terminal_rsi.pipeline import validate_ledger
 from terminal_rsi.pipeline.experiment import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline, StageFailed, _restore, _same_params
 
+# module/session-scoped fixtures are expensive: keep these tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("pipeline_run")
+
 
 def _config():
     c = get_config()

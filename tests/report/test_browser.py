@@ -21,6 +21,9 @@ from terminal_rsi.report.browser import Browser, find_chromium
 
 from .fixture_run import HOSTILE, expected_spans
 
+# module/session-scoped fixtures are expensive: keep these tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("report")
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

@@ -17,6 +17,9 @@ from terminal_rsi.report.build import _pick_train_shards
 
 from .fixture_run import HOSTILE, TOK, expected_spans
 
+# module/session-scoped fixtures are expensive: keep these tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("report")
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

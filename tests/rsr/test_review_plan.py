@@ -15,6 +15,9 @@ from terminal_rsi.rsr.reviewer import Reviewer, leak_screen, privileged_strings
 from terminal_rsi.rsr.runbook import Runbook
 from terminal_rsi.tasks.builtin import make_task
 
+# module/session-scoped fixtures are expensive: keep these tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("rsr_review_plan")
+
 TOK = ByteTokenizer()
 H0 = HarnessConfig(max_turns=4)
 

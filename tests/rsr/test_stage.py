@@ -24,6 +24,9 @@ from terminal_rsi.tasks.builtin import make_task
 from terminal_rsi.train_state import OptimizerConfig, create_train_state
 from tests.rsr.helpers import TINY_MODEL, follower_policy, tiny_stage_config
 
+# module/session-scoped fixtures are expensive: keep these tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("rsr_stage")
+
 TOK = ByteTokenizer()
 SYSTEM = "Reply with one JSON action."
 H0 = HarnessConfig(name="H0", system_prompt=SYSTEM, max_turns=1, max_output_tokens=128,
