@@ -36,8 +36,10 @@ def _fmt(value) -> str:
         inner = ", ".join(_fmt(v) for v in value)
         return f"({inner},)" if isinstance(value, tuple) and len(value) == 1 else (
             f"({inner})" if isinstance(value, tuple) else f"[{inner}]")
-    if isinstance(value, float):
-        return repr(value)
+    if isinstance(value, str) and os.path.isabs(value) and value.startswith(REPO + os.sep):
+        # defaults resolved from the package location: show them relative to the checkout,
+        # so the generated page does not depend on where the repository lives
+        return repr(os.path.relpath(value, REPO))
     return repr(value)
 
 
