@@ -201,14 +201,28 @@ def _states(config, mcfg):
     return actor, critic
 
 
-def _tasks(config, split, n_per_family):
+def byte_model(config, error: type[Exception] = PhaseError):
+    """(ByteTokenizer, model config) of an experiment on the byte-level tokenizer; raises
+    `error` when the model's vocabulary cannot hold the tokenizer's ids."""
+    from terminal_rsi.models.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    mcfg = model_config(config)
+    if mcfg.vocab_size < tok.vocab_size:
+        raise error(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
+                    f"{tok.vocab_size}; set config.model.vocab_size")
+    return tok, mcfg
+
+
+def config_tasks(config, split, n_per_family, error: type[Exception] = PhaseError) -> list:
+    """The tasks of `config.tasks` (suite, families) in `split`; `error` if there are none."""
     from terminal_rsi.tasks import get_suite
 
     t = config.tasks
     tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
                            families=tuple(t.families) or None))
     if not tasks:
-        raise PhaseError(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
+        raise error(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
     return tasks
 
 
@@ -277,21 +291,16 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     from terminal_rsi.agent.scheduler import logprob_gap
     from terminal_rsi.agent.trajectory import write_shard
     from terminal_rsi.checkpoint import RunCheckpointer, export_weights
-    from terminal_rsi.models.tokenizer import ByteTokenizer
     from terminal_rsi.rewards import FamilyDivisors
     from terminal_rsi.rpr import artifacts
     from terminal_rsi.sampling import Buckets, Sampler
     from terminal_rsi.tasks import open_task_sandbox
 
     os.makedirs(workdir, exist_ok=True)
-    tok = ByteTokenizer()
-    mcfg = model_config(config)
-    if mcfg.vocab_size < tok.vocab_size:
-        raise PhaseError(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
-                         f"{tok.vocab_size}; set config.model.vocab_size")
+    tok, mcfg = byte_model(config)
     pcfg = ppo_config(config)
     r, p, a = config.rollout, config.ppo, config.advantage
-    train_tasks = _tasks(config, config.tasks.train_split, config.tasks.n_per_family)
+    train_tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family)
     warmup_mode = config.mode == "warmup_critic"
     if warmup_mode:
         num_steps = math.ceil(len(train_tasks) / r.batch_size)
@@ -434,7 +443,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         }
         if config.eval.every and step % config.eval.every == 0:
             if eval_tasks is None:
-                eval_tasks = _tasks(config, config.tasks.eval_split,
+                eval_tasks = config_tasks(config, config.tasks.eval_split,
                                     config.tasks.eval_n_per_family)[:config.eval.num_tasks]
             ev = scheduler(int(jax.random.randint(k_eval, (), 0, 2**31 - 1)), 0.0).collect(
                 eval_tasks, len(eval_tasks), policy_version=version)

@@ -119,21 +119,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     from terminal_rsi.agent import write_shard
     from terminal_rsi.checkpoint import export_weights
     from terminal_rsi.losses import Aggregation
-    from terminal_rsi.models.tokenizer import ByteTokenizer
     from terminal_rsi.models.transformer import critic_params_from_actor
-    from terminal_rsi.rpr.phase import model_config
+    from terminal_rsi.rpr.phase import byte_model, config_tasks
     from terminal_rsi.rsr.sft import make_sft_step, train_sft
     from terminal_rsi.sampling import Buckets
 
     t_start = time.monotonic()
     export, trajdir = cm.stage_dirs(workdir)
-    tok = ByteTokenizer()
-    mcfg = model_config(config)
-    if mcfg.vocab_size < tok.vocab_size:
-        raise cm.StageError(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
-                            f"{tok.vocab_size}; set config.model.vocab_size")
+    tok, mcfg = byte_model(config, cm.StageError)
     rng = np.random.default_rng(config.seed)
-    tasks = cm.task_list(config, config.tasks.train_split, config.tasks.n_per_family)
+    tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family,
+                         cm.StageError)
     demos, demo_stats = render_demonstrations(config, tasks, tok, rng)
     write_shard(os.path.join(trajdir, "demos.jsonl"), demos)
     t_demo = time.monotonic() - t_start
@@ -148,8 +144,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     buckets = Buckets(cache_multiple=config.rollout.cache_multiple,
                       batch_multiple=s.num_microbatches, power_of_two=False)
     width = None
-    eval_tasks = (cm.task_list(config, config.tasks.eval_split,
-                               config.tasks.eval_n_per_family)[:config.eval.num_tasks]
+    eval_tasks = (config_tasks(config, config.tasks.eval_split, config.tasks.eval_n_per_family,
+                               cm.StageError)[:config.eval.num_tasks]
                   if config.eval.num_tasks else [])
     cache: dict = {}
     metrics: list[dict] = []

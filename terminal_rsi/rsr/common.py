@@ -146,17 +146,6 @@ def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) ->
     return out
 
 
-def task_list(config, split: str, n_per_family: int) -> list:
-    from terminal_rsi.tasks import get_suite
-
-    t = config.tasks
-    tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
-                           families=tuple(t.families) or None))
-    if not tasks:
-        raise StageError(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
-    return tasks
-
-
 def create_actor(config, mcfg, opt_section, seed: int):
     """A DecoderLM TrainState (random init from `seed`, or init.actor_weights)."""
     from terminal_rsi.checkpoint import import_weights

@@ -162,9 +162,8 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     from terminal_rsi.agent import SamplingSettings, write_shard
     from terminal_rsi.checkpoint import export_weights, import_weights
     from terminal_rsi.losses import Aggregation
-    from terminal_rsi.models.tokenizer import ByteTokenizer
     from terminal_rsi.models.transformer import critic_params_from_actor
-    from terminal_rsi.rpr.phase import model_config
+    from terminal_rsi.rpr.phase import byte_model, config_tasks
     from terminal_rsi.rsr.discovery import discover
     from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
     from terminal_rsi.rsr.planner import make_planner
@@ -180,11 +179,7 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
 
     t_start = time.monotonic()
     export, trajdir = cm.stage_dirs(workdir)
-    tok = ByteTokenizer()
-    mcfg = model_config(config)
-    if mcfg.vocab_size < tok.vocab_size:
-        raise cm.StageError(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
-                            f"{tok.vocab_size}; set config.model.vocab_size")
+    tok, mcfg = byte_model(config, cm.StageError)
     rng = np.random.default_rng(config.seed)
     cache: dict = {}
     actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed)
@@ -195,7 +190,8 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     critic_in = jax.device_get(critic_in)
     critic_ref = jax.tree.map(lambda x: np.array(x, copy=True), critic_in)
     h0 = cm.harness_from_config(config)
-    tasks = cm.task_list(config, config.tasks.train_split, config.tasks.n_per_family)
+    tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family,
+                         cm.StageError)
     c = config.rollout.concurrency
 
     # 1. discovery

@@ -82,7 +82,7 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
     from terminal_rsi.checkpoint import export_weights
     from terminal_rsi.losses import Aggregation, sft_loss
     from terminal_rsi.models.tokenizer import ByteTokenizer
-    from terminal_rsi.rpr.phase import _states, _tasks, model_config
+    from terminal_rsi.rpr.phase import _states, config_tasks, model_config
     from terminal_rsi.sampling import Buckets
     from terminal_rsi.tasks import open_task_sandbox
     from terminal_rsi.train_state import make_update_step
@@ -91,7 +91,7 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
     h = config.harness
     harness = HarnessConfig(max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
                             system_prompt=h.system_prompt)
-    tasks = _tasks(config, config.tasks.train_split, config.tasks.n_per_family)
+    tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family)
     wrong = ScriptedPolicy(tok, lambda r: reference_action(r.task, r.turn).replace(
         "ERROR", "WARN"))
 
