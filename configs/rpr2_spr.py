@@ -17,6 +17,8 @@ e.g. `--config.stages.rpr1_fdr.num_steps=16`). Sizes: `--config.scale=default|ci
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from terminal_rsi.pipeline.runner import stage_override_template
+
 STAGE_NAMES = ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_fdr", "rpr2_spr")
 
 
@@ -42,10 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.pipeline = ml_collections.ConfigDict({
         "targets": ("rpr2_spr",), "base": "auto", "bypass": (), "rpr2_lr_divisor": 5.0,
         "critic_warmup_steps": 4, "divisor_samples": 32})
-    # per-stage overrides (None: the stage config / scale decides); add any stage field
-    c.stages = ml_collections.ConfigDict({n: ml_collections.ConfigDict() for n in STAGE_NAMES})
-    for n in ("rpr1_fdr", "rpr2_fdr", "rpr2_spr"):
-        c.stages[n].num_steps = placeholder(int)
-    c.stages.rpr1_fdr.actor_opt = ml_collections.ConfigDict(
-        {"learning_rate": placeholder(float)})
+    # per-stage overrides: every field of every stage config, None (the stage config / scale
+    # decides) until set, e.g. --config.stages.rsr1.sft.steps=10
+    c.stages = stage_override_template(STAGE_NAMES)
     return c

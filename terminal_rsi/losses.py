@@ -63,6 +63,8 @@ class PPOConfig:
       aggregation: `Aggregation` of both losses (SAMPLE_MEAN).
       kl_coef: coefficient of the k3 KL(π_θ || π_ref) penalty (0.00 in the paper).
       entropy_coef: coefficient of the entropy bonus (0.00 in the paper).
+      temperature: the sampling temperature T of the rollouts; π_θ in the ratio is
+        softmax(logits / T), the policy that generated them (1.00 in the paper).
     """
 
     clip_low: float = 0.30
@@ -71,8 +73,12 @@ class PPOConfig:
     aggregation: Aggregation = Aggregation.SAMPLE_MEAN
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+    temperature: float = 1.0
 
     def __post_init__(self):
+        if not self.temperature > 0.0:
+            raise LossConfigError(f"PPOConfig.temperature = {self.temperature}; the policy "
+                                  "temperature must be > 0 (greedy rollouts have no ratio)")
         if not 0.0 <= self.clip_low < 1.0:
             raise LossConfigError(f"PPOConfig.clip_low = {self.clip_low}; need 0 <= ε_low < 1")
         if self.clip_high < 0.0:

@@ -112,9 +112,11 @@ def token_logprobs(logits: Array, tokens: Array, segment_ids: Array,
 
 
 def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
-                   with_entropy: bool = False, *,
-                   chunk_size: int | None = None) -> tuple[Array, Array | None]:
-    """Token log-probs [B, L] (and entropy) of the DecoderLM `nnx.merge(graphdef, params)`.
+                   with_entropy: bool = False, *, chunk_size: int | None = None,
+                   temperature: float = 1.0) -> tuple[Array, Array | None]:
+    """Token log-probs [B, L] (and entropy) of the DecoderLM `nnx.merge(graphdef, params)`
+    sampled at `temperature`: log softmax(logits / T) (the policy π_θ,T that generated the
+    rollouts; T = 1 is the paper's setting).
 
     Without entropy: the chunked `terminal_rsi.logprobs.token_logprobs` (chunk_size None:
     its default, 1024 as in Appendix A). With entropy: full [B, L, V] logits."""
@@ -123,9 +125,12 @@ def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
 
         chunk = lpm.DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
         return lpm.token_logprobs(params, graphdef, batch["tokens"], batch["positions"],
-                                  batch["segment_ids"], chunk_size=chunk), None
+                                  batch["segment_ids"], chunk_size=chunk,
+                                  temperature=temperature), None
     model = nnx.merge(graphdef, params)
     logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+    if temperature != 1.0:
+        logits = logits.astype(jnp.float32) / temperature
     return token_logprobs(logits, batch["tokens"], batch["segment_ids"], with_entropy)
 
 
@@ -235,7 +240,8 @@ def _jit(fn, states: tuple[TrainState | None, ...], donate: bool, n_state_args: 
 
 def actor_loss_parts(params, graphdef, batch, config: PPOConfig) -> LossParts:
     """Eq. 14 policy loss parts of one (micro)batch (keys ACTOR_KEYS, optional ref_logprobs)."""
-    lp, ent = actor_logprobs(params, graphdef, batch, with_entropy=config.entropy_coef > 0)
+    lp, ent = actor_logprobs(params, graphdef, batch, with_entropy=config.entropy_coef > 0,
+                             temperature=config.temperature)
     mask = batch["gen_mask"].astype(bool) & predictable_mask(batch["segment_ids"])
     return ppo_policy_loss(lp, batch["old_logprobs"], batch["advantages"], mask, config,
                            segment_ids=batch["segment_ids"],
@@ -319,14 +325,16 @@ def _map_microbatches(fn, batch: Mapping[str, Array], m: int) -> Array:
     return out.reshape(-1, *out.shape[2:])
 
 
-def make_logprob_fn(num_microbatches: int = 1):
+def make_logprob_fn(num_microbatches: int = 1, temperature: float = 1.0):
     """Jitted `fn(actor_state, batch) -> logprobs [B, L]`: π_old recomputation (§2.4: RPR
-    recomputes π_old with the training-side old actor before the update)."""
+    recomputes π_old with the training-side old actor before the update), at the sampling
+    `temperature` (the same as `PPOConfig.temperature` of the update)."""
 
     def fn(state: TrainState, batch):
         keys = {k: batch[k] for k in ("tokens", "positions", "segment_ids")}
-        return _map_microbatches(lambda mb: actor_logprobs(state.params, state.graphdef, mb)[0],
-                                 keys, num_microbatches)
+        return _map_microbatches(
+            lambda mb: actor_logprobs(state.params, state.graphdef, mb,
+                                      temperature=temperature)[0], keys, num_microbatches)
 
     return jax.jit(fn)
 
@@ -387,6 +395,22 @@ def compute_advantages(values: Array, batch: Mapping[str, Array], *, estimator: 
             carry = jax.tree.map(lambda c, e: jnp.where(has, c[idx], e), carry_out, empty)
             adv, ret, carry_out = run(carry)
     return adv, ret
+
+
+def whiten_advantages(advantages: Array, gen_mask: Array, segment_ids: Array,
+                      eps: float = 1e-4) -> Array:
+    """Advantages standardized over the trained tokens (gen_mask & predictable) of the batch:
+    (A - mean) / (std + eps) there, 0 elsewhere. Removes a common offset of the critic's
+    errors (a critic lagging a changing policy biases every advantage the same way) and fixes
+    the update's scale; the paper does not whiten (`ppo.normalize_advantages`, default off).
+    `eps` keeps a batch of equal advantages (every episode failed and the critic agrees) at
+    about 0 instead of blowing float32 rounding up to unit scale."""
+    adv = jnp.asarray(advantages, jnp.float32)
+    m = (jnp.asarray(gen_mask, bool) & predictable_mask(segment_ids)).astype(jnp.float32)
+    n = jnp.maximum(m.sum(), 1.0)
+    mean = (adv * m).sum() / n
+    std = jnp.sqrt((jnp.square(adv - mean) * m).sum() / n)
+    return jnp.where(m > 0, (adv - mean) / (std + eps), 0.0)
 
 
 def prepare_ppo_batch(actor: TrainState, critic: TrainState, batch: Mapping[str, Array], *,

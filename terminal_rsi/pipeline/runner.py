@@ -105,6 +105,58 @@ def load_config_file(rel_path: str) -> ml_collections.ConfigDict:
     return module.get_config()
 
 
+def _placeholders(cfg) -> ml_collections.ConfigDict:
+    """A ConfigDict of the same tree whose every leaf is a None placeholder of its type."""
+    from ml_collections.config_dict import placeholder
+
+    out = ml_collections.ConfigDict()
+    for k in cfg.keys():
+        v = cfg[k]
+        if hasattr(v, "items"):
+            out[k] = _placeholders(v)
+            continue
+        if v is None:  # a typed placeholder keeps its type; a bare None takes any value
+            ref = cfg._fields.get(k)  # noqa: SLF001 (no public accessor for the field type)
+            ftype = getattr(ref, "_field_type", None) or object
+        else:
+            ftype = tuple if isinstance(v, (list, tuple)) else type(v)
+        out[k] = placeholder(ftype)
+    return out
+
+
+_GRAPH_SET = ("experiment", "init", "mode")
+
+
+def stage_override_template(names: Sequence[str]) -> ml_collections.ConfigDict:
+    """`stages.<stage>.<field>` = None for every field of every stage's config file (both
+    base configs for `base`), so any stage field can be set from the command line, e.g.
+    `--config.stages.rsr1.sft.steps=10` (ml_collections only overrides declared keys).
+    None means "not set": the scale preset and the stage config decide."""
+    from terminal_rsi.pipeline.graph import BASES, STAGES
+
+    out = ml_collections.ConfigDict()
+    for name in names:
+        files = ([f for _, f in BASES.values()] if name == "base"
+                 else [STAGES[name].config_file])
+        merged = ml_collections.ConfigDict()
+        for f in files:
+            cfg = load_config_file(f)
+            for k in _GRAPH_SET:  # set by the graph (handoffs, stage kind), not by users
+                if k in cfg:
+                    del cfg[k]
+            _merge_into(merged, _placeholders(cfg))
+        out[name] = merged
+    return out
+
+
+def _merge_into(dst: ml_collections.ConfigDict, src: ml_collections.ConfigDict) -> None:
+    for k in src.keys():
+        if k in dst and hasattr(dst[k], "items") and hasattr(src[k], "items"):
+            _merge_into(dst[k], src[k])
+        elif k not in dst:
+            dst[k] = src[k]
+
+
 def _flat(cfg, prefix="") -> dict:
     out = {}
     for k, v in cfg.items():

@@ -23,8 +23,14 @@ SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON act
                        '{"commands":["<shell command>"],"task_complete":true}')
 TINY_DIMS = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32,
              "d_ff": 384, "max_seq_len": 2048}
+# temperature 0.6 (the evaluation temperature) for every rollout: at 1.0 most samples of the
+# tiny byte-level model are malformed JSON (measured: RPR rollout success 0.30 at T = 1.0 vs
+# 0.45 at T = 0.6 from the same actor, docs/pipeline.md); RPR optimizes π_θ at this T exactly
 TINY_HARNESS = {"system_prompt": SHORT_SYSTEM_PROMPT, "max_turns": 3, "max_output_tokens": 256,
-                "max_input_tokens": 2048, "max_observation_chars": 300}
+                "max_input_tokens": 2048, "max_observation_chars": 300, "temperature": 0.6}
+# the tiny default's PPO: the KL anchor to the phase's input actor and whitened advantages keep
+# a 500k-parameter byte model from the drift-and-collapse seen without them (docs/pipeline.md)
+TINY_PPO = {"ppo.kl_coef": 0.1, "ppo.normalize_advantages": True, "rollout.cache_multiple": 512}
 
 SCALES: dict[str, dict] = {
     "default": {
@@ -34,16 +40,18 @@ SCALES: dict[str, dict] = {
         "eval": {"k": 3, "n_per_family": 2, "heldout_families": HELDOUT_FAMILIES,
                  "concurrency": 16},
         "experiments": {
-            # the base configuration of the measured seed-0 run (README, docs/pipeline.md)
-            "base_sft": {"sft.steps": 300, "tasks.n_per_family": 24,
+            # base: 120 SFT steps leave the base partly competent (about 20% held-out success at
+            # T = 0.6; 300 steps reach about 47%, docs/pipeline.md), room for the later stages
+            "base_sft": {"sft.steps": 120, "tasks.n_per_family": 24,
                          "demos.runbook_fraction": 0.5, "actor_opt.warmup_steps": 20,
-                         "eval.every": 100, "eval.num_tasks": 30, "rollout.cache_multiple": 64},
-            "rsr": {"tasks.n_per_family": 2, "discovery.hot_samples": 1, "execution.m": 2,
-                    "sft.steps": 40, "rollout.cache_multiple": 64},
-            "rpr_phase": {"num_steps": 8, "tasks.n_per_family": 4, "rollout.batch_size": 10,
-                          "rollout.concurrency": 10, "ppo.num_minibatches": 2,
+                         "eval.every": 0, "eval.num_tasks": 0, "rollout.cache_multiple": 64},
+            "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 2,
+                    "sft.steps": 60, "rollout.cache_multiple": 64},
+            "rpr_phase": {"num_steps": 12, "tasks.n_per_family": 4, "rollout.batch_size": 16,
+                          "rollout.concurrency": 16, "ppo.num_minibatches": 2,
                           "eval.every": 0, "eval.num_tasks": 10, "checkpoint.every": 4,
-                          "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 1e-3},
+                          "actor_opt.learning_rate": 5e-4, "critic_opt.learning_rate": 1e-3,
+                          **TINY_PPO},
         },
         "stages": {},
     },
@@ -62,7 +70,8 @@ SCALES: dict[str, dict] = {
             "rpr_phase": {"num_steps": 5, "tasks.n_per_family": 4, "rollout.batch_size": 8,
                           "rollout.concurrency": 8, "ppo.num_minibatches": 2, "eval.every": 0,
                           "eval.num_tasks": 2, "checkpoint.every": 5,
-                          "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 1e-3},
+                          "actor_opt.learning_rate": 5e-4, "critic_opt.learning_rate": 1e-3,
+                          **TINY_PPO},
         },
         "stages": {},
     },

@@ -108,6 +108,12 @@ SCHEMA = {
     "ppo.clip_high": Field(float, "ε_high", lo=0.0),
     "ppo.value_clip": Field(float, "ε_V", lo=1e-9),
     "ppo.aggregation": Field(str, "loss aggregation (terminal_rsi.losses.Aggregation value)"),
+    "ppo.kl_coef": Field(float, "k3 KL(π_θ || π_ref) penalty per token, π_ref = the phase's "
+                         "input actor (paper: 0)", lo=0.0),
+    "ppo.normalize_advantages": Field(bool, "whiten advantages over the batch's trained "
+                                      "tokens (mean 0, std 1) before the update (paper: off)"),
+    "ppo.length_grouping": Field(bool, "minibatches of rows of similar length, each cut to its "
+                                 "own width (False: random minibatches at the full width)"),
     "actor_opt.learning_rate": Field(float, "actor lr", lo=0.0),
     "actor_opt.weight_decay": Field(float, "actor AdamW weight decay", lo=0.0),
     "actor_opt.grad_clip": Field(float, "actor global-norm clip", lo=0.0, optional=True),
@@ -160,8 +166,10 @@ def ppo_config(config):
     from terminal_rsi.losses import Aggregation, PPOConfig
 
     p = config.ppo
+    # the optimized policy is the one that samples the rollouts: π_θ at harness.temperature
     return PPOConfig(clip_low=p.clip_low, clip_high=p.clip_high, value_clip=p.value_clip,
-                     aggregation=Aggregation(p.aggregation))
+                     aggregation=Aggregation(p.aggregation), kl_coef=p.kl_coef,
+                     temperature=float(config.harness.temperature))
 
 
 def _opt(section):
@@ -265,9 +273,48 @@ def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None
     return float(1.0 - np.var(returns - values) / var)
 
 
-def _shuffle_split(batch: dict, perm: np.ndarray, n: int) -> list[dict]:
-    parts = np.split(perm, n)
-    return [{k: v[idx] for k, v in batch.items()} for idx in parts]
+def _row_widths(segment_ids: np.ndarray, multiple: int) -> np.ndarray:
+    """[B] real length of each row (1 + its last real position) rounded up to `multiple`,
+    capped at the packed width."""
+    seg = np.asarray(segment_ids) > 0
+    last = np.where(seg.any(1), seg.shape[1] - np.argmax(seg[:, ::-1], axis=1), 1)
+    return np.minimum(-(-last // multiple) * multiple, seg.shape[1])
+
+
+def _minibatch_rows(widths: np.ndarray, n: int, rng: np.random.Generator,
+                    length_grouping: bool) -> list[np.ndarray]:
+    """Row indices of the `n` minibatches of one epoch. Random (the textbook split), or
+    `length_grouping`: rows sorted by width with random tie-breaks, split into n runs, the runs
+    in random order; each minibatch is then cut to its longest row (`_take`), so short
+    single-turn episodes no longer pay for the longest multi-turn one (bimodal lengths: about
+    2x less update compute on the tiny default, docs/performance.md)."""
+    perm = rng.permutation(widths.shape[0])
+    if length_grouping:
+        perm = perm[np.argsort(widths[perm], kind="stable")]
+        parts = np.split(perm, n)
+        return [parts[i] for i in rng.permutation(n)]
+    return np.split(perm, n)
+
+
+def _take(batch: dict, rows: np.ndarray, width: int) -> dict:
+    """Rows `rows` of a [B, L] batch, cut to the first `width` positions. Causal models and the
+    per-position losses make the cut exact: the dropped positions are padding."""
+    return {k: (v[rows, :width] if v.ndim == 2 else v[rows]) for k, v in batch.items()}
+
+
+def _grouped_forward(fn, groups: list[np.ndarray], widths: np.ndarray):
+    """`fn(state, batch) -> [B, L]` evaluated group by group at each group's width, scattered
+    back into a zero [B, L] array (old log-probs and values before the update)."""
+
+    def run(state, batch):
+        arrays = {k: np.asarray(batch[k]) for k in ("tokens", "positions", "segment_ids")}
+        out = np.zeros(arrays["tokens"].shape, np.float32)
+        for rows in groups:
+            w = int(widths[rows].max())
+            out[rows, :w] = np.asarray(fn(state, _take(arrays, rows, w)))
+        return out
+
+    return run
 
 
 def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
@@ -309,6 +356,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         num_steps, warmup_steps = config.num_steps, p.critic_warmup_steps
 
     actor, critic = _states(config, mcfg)
+    # π_ref of the KL penalty: the phase's input actor (also after a resume)
+    ref_actor = jax.tree.map(jnp.copy, actor) if pcfg.kl_coef > 0 else None
     key = jax.random.key(config.seed)
     divisors = _divisors(config)
     step, data_position, version, resumed_from = 0, 0, 0, None
@@ -339,13 +388,17 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
 
     buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple,
                       batch_multiple=p.num_minibatches * p.num_microbatches)
+    # the update batch is padded to its longest row rounded to cache_multiple, not to a power
+    # of two (a few compiled widths; up to 2x fewer padded positions than the sampler's cache)
+    pack_buckets = dataclasses.replace(buckets, power_of_two=False)
     sampler = _cached(("sampler", mcfg, r.decode_block, buckets),
                       lambda: Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
                                       buckets=buckets))
     m = p.num_microbatches
     actor_step = _cached(("actor", pcfg, m), lambda: ps.make_actor_step(pcfg, m))
     critic_step = _cached(("critic", pcfg, m), lambda: ps.make_critic_step(pcfg, m))
-    logprob_fn = _cached(("logprob", m), lambda: ps.make_logprob_fn(m))
+    logprob_fn = _cached(("logprob", m, pcfg.temperature),
+                         lambda: ps.make_logprob_fn(m, pcfg.temperature))
     value_fn = _cached(("value", m), lambda: ps.make_value_fn(m))
     h = config.harness
 
@@ -382,12 +435,27 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         res = sched.collect(launch, r.batch_size, policy_version=version)
         if not res.trajectories:
             raise PhaseError(f"step {step}: no trainable episodes ({res.errors[:3]})")
-        packed = pack_trajectories(res.trajectories, buckets=buckets)
+        packed = pack_trajectories(res.trajectories, buckets=pack_buckets)
         batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids",
                                                  "gen_mask", "rewards", "dones", "turn_ids")}
+        n_mb = p.num_minibatches
+        if batch["tokens"].shape[0] % (n_mb * m):
+            raise PhaseError(f"packed batch of {batch['tokens'].shape[0]} rows is not "
+                             f"divisible by num_minibatches * num_microbatches = {n_mb * m}")
+        widths = (_row_widths(packed.segment_ids, r.cache_multiple) if p.length_grouping
+                  else np.full(packed.tokens.shape[0], packed.tokens.shape[1]))
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
+        fwd_groups = _minibatch_rows(widths, n_mb, np.random.default_rng(0), p.length_grouping)
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
-                                     logprob_fn=logprob_fn, value_fn=value_fn,
+                                     logprob_fn=_grouped_forward(logprob_fn, fwd_groups, widths),
+                                     value_fn=_grouped_forward(value_fn, fwd_groups, widths),
                                      next_row=packed.next_row, **adv_kwargs)
+        if ref_actor is not None:
+            batch["ref_logprobs"] = _grouped_forward(logprob_fn, fwd_groups, widths)(
+                ref_actor, batch)
+        if p.normalize_advantages:
+            batch["advantages"] = ps.whiten_advantages(batch["advantages"], batch["gen_mask"],
+                                                       batch["segment_ids"])
         name = artifacts.step_name("step", step)
         for t in res.trajectories:
             t.meta.update(rpr_step=step, rpr_mode=config.mode)
@@ -402,16 +470,11 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         real = packed.policy_version[packed.policy_version >= 0]
         lag = version - real  # synchronous rollouts: always 0
         critic_only = step <= warmup_steps
-        n_mb = p.num_minibatches
-        if batch["tokens"].shape[0] % (n_mb * m):
-            raise PhaseError(f"packed batch of {batch['tokens'].shape[0]} rows is not "
-                             f"divisible by num_minibatches * num_microbatches = {n_mb * m}")
-        rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
         cms, ams = [], []
         np_batch = {k: np.asarray(v) for k, v in batch.items()}
         for _ in range(p.epochs):
-            perm = rng.permutation(np_batch["tokens"].shape[0])
-            for mb in _shuffle_split(np_batch, perm, n_mb):
+            for rows in _minibatch_rows(widths, n_mb, rng, p.length_grouping):
+                mb = _take(np_batch, rows, int(widths[rows].max()))
                 critic, cm = critic_step(critic, mb)
                 cms.append(jax.device_get(cm))
                 if not critic_only:

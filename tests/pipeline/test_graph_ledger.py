@@ -147,3 +147,42 @@ def test_config_files_validate(name):
         assert c.actor_opt.learning_rate == pytest.approx(r1.actor_opt.learning_rate / 5)
     if name == "terminal_rsi":
         assert tuple(c.pipeline.targets) == ("rpr2_fdr", "rpr2_spr")
+
+
+def test_every_stage_field_is_a_command_line_override(tmp_path):
+    """config.stages.<stage> declares every field of the stage's config file (None = unset),
+    so absl's --config.stages.<stage>.<field>=v works for any field; graph-set fields
+    (init, mode, experiment) are not offered."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from terminal_rsi.pipeline.runner import _flat, load_config_file
+
+    c = get_config()
+    for name in ("rsr1", "rpr1_fdr", "warmup_critic"):
+        spec = G.STAGES[name]
+        fields = set(_flat(load_config_file(spec.config_file)))
+        offered = set(_flat(c.stages[name]))
+        assert offered == {f for f in fields if f.split(".")[0] not in ("init", "mode",
+                                                                         "experiment")}
+        assert all(v is None for v in _flat(c.stages[name]).values())
+    # base: the fields of both base configs (base_sft's demos, base_weights' model.gguf)
+    assert {"demos.runbook_fraction", "model.gguf"} <= set(_flat(c.stages.base))
+
+    def parse(*overrides):  # as experiments/run.py parses its command line
+        argv = ["prog", "--config=configs/rpr2_spr.py", *overrides]
+        fv = flags.FlagValues()
+        config_flags.DEFINE_config_file("config", flag_values=fv, sys_argv=argv)
+        fv(argv)
+        return fv.config
+
+    cfg = parse("--config.scale=test", "--config.stages.rsr1.sft.steps=3",
+                "--config.stages.base.demos.runbook_fraction=0.25",
+                "--config.stages.rpr2_spr.ppo.epochs=2")
+    p = Pipeline(resolved(cfg), str(tmp_path))
+    assert p.stage_config("rsr1").sft.steps == 3
+    assert p.stage_config("base").demos.runbook_fraction == 0.25
+    assert p.stage_config("rpr2_spr").ppo.epochs == 2
+    assert p.stage_config("rpr2_fdr").ppo.epochs == 1  # other stages keep their value
+    with pytest.raises((flags.Error, KeyError), match="init"):  # graph-set: not an override
+        parse("--config.stages.rpr1_fdr.init.actor_weights=/x")

@@ -238,3 +238,35 @@ def test_split_episode_continues_from_its_successor_row(estimator):
     np.testing.assert_allclose(np.concatenate([r_got[:4], r_got[6:8], r_got[4:6]]),
                                gen_values(ret_w, whole), rtol=1e-6, atol=1e-6)
     assert not np.allclose(gen_values(adv_n, split)[:4], want[:4])
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+def test_logprobs_and_ratio_at_the_sampling_temperature(setup, temperature):
+    """π_old recomputation and the PPO loss score tokens under softmax(logits / T) of the
+    rollout temperature: the recomputed log-probs match NumPy, and an update whose old
+    log-probs are those of π_T starts at ratio 1 exactly (no off-policy gap)."""
+    actor, _, batch = setup
+    lp = np.asarray(ps.make_logprob_fn(temperature=temperature)(actor, batch))
+    logits, _ = actor.model()(batch["tokens"], batch["positions"], batch["segment_ids"])
+    z = np.asarray(logits, np.float64)[:, :-1] / temperature
+    ref = np.take_along_axis(z, np.asarray(batch["tokens"])[:, 1:, None], -1)[..., 0] \
+        - (np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1))
+    ok = np.asarray(ps.predictable_mask(batch["segment_ids"]))
+    np.testing.assert_allclose(lp[ok], np.pad(ref, ((0, 0), (1, 0)))[ok], rtol=1e-4, atol=1e-5)
+    cfg = PPOConfig(temperature=temperature)
+    parts = ps.actor_loss_parts(actor.params, actor.graphdef,
+                                {**batch, "old_logprobs": jnp.asarray(lp)}, cfg)
+    stats = jax.device_get(parts.stats)
+    np.testing.assert_allclose([stats["ratio_min"], stats["ratio_max"]], 1.0, atol=1e-5)
+    if temperature != 1.0:  # the untempered policy is not the sampling one: ratio != 1
+        off = jax.device_get(ps.actor_loss_parts(
+            actor.params, actor.graphdef, {**batch, "old_logprobs": jnp.asarray(lp)},
+            PPOConfig()).stats)
+        assert abs(off["ratio_max"] - 1.0) > 1e-3 or abs(off["ratio_min"] - 1.0) > 1e-3
+
+
+def test_policy_temperature_must_be_positive():
+    from terminal_rsi.losses import LossConfigError
+
+    with pytest.raises(LossConfigError, match="temperature"):
+        PPOConfig(temperature=0.0)
