@@ -41,7 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
         "kind": "digest", "k": 4, "max_tokens": 384, "temperature": 1.0})
     c.execution = ml_collections.ConfigDict({"m": 4, "instruction": config_dict.placeholder(str)})
     c.sft = ml_collections.ConfigDict({
-        "steps": 60, "batch_size": 8, "num_microbatches": 1, "aggregation": "sequence_sum"})
+        "steps": 60, "epochs": config_dict.placeholder(float), "batch_size": 8,
+        "num_microbatches": 1, "aggregation": "sequence_sum"})
     c.actor_opt = ml_collections.ConfigDict({
         "learning_rate": 5e-4, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 0})
     c.eval = ml_collections.ConfigDict({"rewritten": True, "temperature": 0.0})

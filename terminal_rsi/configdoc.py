@@ -64,20 +64,32 @@ def load_config(path: str):
 
 
 def _rows(schema: Mapping, defaults: Mapping | None) -> list[str]:
-    paths = set(schema) | set(defaults or ())
-    return sorted(paths)
+    """Table rows: the schema's paths, where a schema with `doc_group(path)` (families of free
+    paths, e.g. the pipeline's `stages.<stage>.<field>`) shows each family as one row."""
+    group = getattr(schema, "doc_group", lambda path: None)
+    return sorted({group(p) or p for p in set(schema) | set(defaults or ())})
 
 
 def _schema_table(schema: Mapping, defaults: Mapping | None) -> list[str]:
     head = "| field | default | allowed | meaning |" if defaults is not None else \
         "| field | allowed | meaning |"
     rows = [head, "|---|---|---|---|" if defaults is not None else "|---|---|---|"]
+    group = getattr(schema, "doc_group", lambda path: None)
+    members: dict[str, list[str]] = {}
+    for p in defaults or ():
+        if group(p):
+            members.setdefault(group(p), []).append(p)
     for path in _rows(schema, defaults):
-        f = schema[path]
+        if path in members:
+            first = members[path][0]
+            f, default = schema[first], _fmt(defaults[first])
+            doc = f"{f.doc}; {len(members[path])} fields, all unset by default"
+        else:
+            f, default, doc = schema[path], _fmt(defaults[path]) if defaults else "", None
         cells = [f"`{path}`"]
         if defaults is not None:
-            cells.append(f"`{_cell(_fmt(defaults[path]))}`")
-        cells += [_cell(f.describe()), _cell(f.doc)]
+            cells.append(f"`{_cell(default)}`")
+        cells += [_cell(f.describe()), _cell(doc or f.doc)]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 

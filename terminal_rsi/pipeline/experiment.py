@@ -30,8 +30,8 @@ class _Schema(dict):
     """The pipeline schema: fixed fields, plus free `stages.<stage>.<path>` overrides that are
     validated later against the stage experiment's own schema (PipelineError names them)."""
 
-    _FREE = Field(object, "override of a stage config field (checked by the stage schema)",
-                  optional=True)
+    _FREE = Field(object, "override of any field of the stage's config file (checked by the "
+                  "stage schema), e.g. --config.stages.rsr1.sft.steps=10", optional=True)
 
     def __contains__(self, key):
         return dict.__contains__(self, key) or self._free(key)
@@ -42,6 +42,11 @@ class _Schema(dict):
         if self._free(key):
             return self._FREE
         raise KeyError(key)
+
+    def doc_group(self, key) -> str | None:
+        """configdoc shows the free overrides as one row."""
+        return None if dict.__contains__(self, key) or not self._free(key) else \
+            "stages.<stage>.<field>"
 
     @staticmethod
     def _free(key) -> bool:

@@ -20,7 +20,8 @@
    M = `execution.m` repeats per accepted runbook; a run is accepted iff the protected
    verifier passes (S = 1) and the leak screen passes on its public view.
 5. Q_clean: the public views P(τ̃) of the accepted runs, as a multiset (repeats kept).
-   The actor is fine-tuned with Eq. 3 (`sft.steps` steps, minibatches drawn uniformly
+   The actor is fine-tuned with Eq. 3 (`sft.steps` steps, or `sft.epochs` passes over
+   Q_clean capped at `sft.steps`; minibatches drawn uniformly
    from the multiset) through the SFT step shared with `base_sft`. The critic is not
    trained: its input weights (`init.critic_weights`, or `critic_params_from_actor` of the
    input actor when None) are re-exported and checked bit-identical (Δφ = 0), else
@@ -38,6 +39,7 @@ before/after, critic_bit_identical).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -65,6 +67,9 @@ SCHEMA = {
     "planner.max_tokens": Field(int, "max tokens of a sampled runbook", lo=1),
     "planner.temperature": Field(float, "planner sampling temperature", lo=0.0),
     "execution.m": Field(int, "M: fresh executions per accepted runbook", lo=1),
+    "sft.epochs": Field(float, "size the SFT by Q_clean: ceil(epochs · |Q_clean| / batch_size) "
+                        "steps, at most sft.steps (None: always sft.steps)", lo=1e-9,
+                        optional=True),
     "execution.instruction": Field(str, "I_exec (None: guidance.EXEC_INSTRUCTION)",
                                    optional=True),
     "eval.rewritten": Field(bool, "measure success on the rewritten tasks under H0 "
@@ -114,6 +119,17 @@ def discovery_variants(config, actor_policy, tokenizer) -> list:
             raise cm.StageError(f"unknown discovery harness {name!r}; use hints, hot, long "
                                 "or external")
     return out
+
+
+def sft_steps(sft, q_clean_size: int) -> int:
+    """SFT steps on a Q_clean of `q_clean_size`: `sft.steps`, or with `sft.epochs` set,
+    ceil(epochs · size / batch_size) capped at `sft.steps` (a handful of accepted runs is not
+    fine-tuned for as long as a large Q_clean, which overfits it: NLL → 1e-5 and lower
+    held-out success, docs/pipeline.md)."""
+    epochs = sft.get("epochs")
+    if epochs is None or not q_clean_size:
+        return int(sft.steps)
+    return min(int(sft.steps), max(1, math.ceil(epochs * q_clean_size / sft.batch_size)))
 
 
 def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: int,
@@ -268,13 +284,14 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     agg = Aggregation(s.aggregation)
     metrics: list[dict] = []
     nll_before = nll_after = None
-    if q_clean and s.steps:
+    n_steps = sft_steps(s, len(q_clean))
+    if q_clean and n_steps:
         width = fixed_width(q_clean, config.rollout.cache_multiple)
         nll_fn = make_nll_fn(agg)
         nll_before = mean_nll(actor, q_clean, nll_fn, batch_size=s.batch_size,
                               buckets=buckets, width=width)
         step_fn = make_sft_step(agg, s.num_microbatches, state=actor)
-        actor, metrics = train_sft(actor, q_clean, step_fn, num_steps=s.steps,
+        actor, metrics = train_sft(actor, q_clean, step_fn, num_steps=n_steps,
                                    batch_size=s.batch_size, rng=rng, buckets=buckets,
                                    width=width)
         nll_after = mean_nll(actor, q_clean, nll_fn, batch_size=s.batch_size,
@@ -315,7 +332,7 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
         "nll_after": nll_after,
         "rewritten_success_before": before,
         "rewritten_success_after": after,
-        "sft_steps": s.steps if q_clean else 0,
+        "sft_steps": n_steps if q_clean else 0,
         "critic_bit_identical": identical,
         "planner": p.kind,
         "wall_s": time.monotonic() - t_start,

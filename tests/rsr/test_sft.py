@@ -67,3 +67,19 @@ def test_microbatch_accumulation_is_exact_and_step_lowers_nll():
     for _ in range(5):
         st, _ = step(st, batch)
     assert float(nll(st, batch)["nll_per_token"]) < before
+
+
+def test_sft_steps_sized_by_q_clean():
+    """sft.epochs sizes the RSR fine-tune by |Q_clean| (ceil, at least 1), capped at
+    sft.steps; without it (None) the stage always runs sft.steps."""
+    import ml_collections
+
+    from terminal_rsi.rsr.stage import sft_steps
+
+    s = ml_collections.ConfigDict({"steps": 60, "epochs": 2.0, "batch_size": 8})
+    assert sft_steps(s, 13) == 4          # ceil(2 * 13 / 8)
+    assert sft_steps(s, 1) == 1
+    assert sft_steps(s, 1000) == 60       # capped
+    assert sft_steps(s, 0) == 60          # empty Q_clean: the stage skips SFT anyway
+    s.epochs = None
+    assert sft_steps(s, 13) == 60
