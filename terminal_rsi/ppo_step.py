@@ -80,6 +80,12 @@ def predictable_mask(segment_ids: Array) -> Array:
     return jnp.pad(same, ((0, 0), (1, 0)))
 
 
+def trained_mask(gen_mask: Array, segment_ids: Array) -> Array:
+    """[B, L] bool: the positions the losses train and the diagnostics score, generated tokens
+    that have a prefix in their segment (gen_mask & `predictable_mask`)."""
+    return jnp.asarray(gen_mask, bool) & predictable_mask(segment_ids)
+
+
 def shift_to_next_token(x: Array, segment_ids: Array) -> Array:
     """out[b, t] = x[b, t-1] where `predictable_mask`, else 0. x: [B, L, ...] -> same shape."""
     chex.assert_equal_shape_prefix([x, segment_ids], 2)
@@ -242,7 +248,7 @@ def actor_loss_parts(params, graphdef, batch, config: PPOConfig) -> LossParts:
     """Eq. 14 policy loss parts of one (micro)batch (keys ACTOR_KEYS, optional ref_logprobs)."""
     lp, ent = actor_logprobs(params, graphdef, batch, with_entropy=config.entropy_coef > 0,
                              temperature=config.temperature)
-    mask = batch["gen_mask"].astype(bool) & predictable_mask(batch["segment_ids"])
+    mask = trained_mask(batch["gen_mask"], batch["segment_ids"])
     return ppo_policy_loss(lp, batch["old_logprobs"], batch["advantages"], mask, config,
                            segment_ids=batch["segment_ids"],
                            ref_logprobs=batch.get("ref_logprobs"), entropy=ent)
@@ -251,7 +257,7 @@ def actor_loss_parts(params, graphdef, batch, config: PPOConfig) -> LossParts:
 def critic_loss_parts(params, graphdef, batch, config: PPOConfig) -> LossParts:
     """Eq. 14 clipped value loss parts of one (micro)batch (keys CRITIC_KEYS)."""
     values = critic_values(params, graphdef, batch)
-    mask = batch["gen_mask"].astype(bool) & predictable_mask(batch["segment_ids"])
+    mask = trained_mask(batch["gen_mask"], batch["segment_ids"])
     return clipped_value_loss(values, batch["old_values"], batch["returns"], mask, config,
                               segment_ids=batch["segment_ids"])
 
@@ -370,7 +376,7 @@ def compute_advantages(values: Array, batch: Mapping[str, Array], *, estimator: 
     """
     if estimator not in ("tb_gae", "gae"):
         raise ValueError(f"unknown advantage estimator {estimator!r}; use 'tb_gae' or 'gae'")
-    gen = batch["gen_mask"].astype(bool) & predictable_mask(batch["segment_ids"])
+    gen = trained_mask(batch["gen_mask"], batch["segment_ids"])
     rewards = jnp.asarray(batch["rewards"], jnp.float32)
     dones = jnp.asarray(batch["dones"], bool)
     turn_ids = jnp.asarray(batch["turn_ids"]) if estimator == "tb_gae" else None
@@ -406,7 +412,7 @@ def whiten_advantages(advantages: Array, gen_mask: Array, segment_ids: Array,
     `eps` keeps a batch of equal advantages (every episode failed and the critic agrees) at
     about 0 instead of blowing float32 rounding up to unit scale."""
     adv = jnp.asarray(advantages, jnp.float32)
-    m = (jnp.asarray(gen_mask, bool) & predictable_mask(segment_ids)).astype(jnp.float32)
+    m = trained_mask(gen_mask, segment_ids).astype(jnp.float32)
     n = jnp.maximum(m.sum(), 1.0)
     mean = (adv * m).sum() / n
     std = jnp.sqrt((jnp.square(adv - mean) * m).sum() / n)

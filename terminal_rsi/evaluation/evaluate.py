@@ -244,8 +244,7 @@ def critic_explained_variance(critic_graphdef, critic_params, trajectories, buck
         values = value_fn(critic_params, batch)
         _, ret = ps.compute_advantages(values, batch, estimator="tb_gae", gamma_turn=1.0,
                                        lambda_turn=1.0)
-        mask = np.asarray(batch["gen_mask"], bool) & np.asarray(
-            ps.predictable_mask(batch["segment_ids"]))
+        mask = np.asarray(ps.trained_mask(batch["gen_mask"], batch["segment_ids"]))
         vs.append(np.asarray(values)[mask])
         rs.append(np.asarray(ret)[mask])
         ms.append(np.ones(int(mask.sum()), bool))

@@ -446,13 +446,13 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
                   else np.full(packed.tokens.shape[0], packed.tokens.shape[1]))
         rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
         fwd_groups = _minibatch_rows(widths, n_mb, np.random.default_rng(0), p.length_grouping)
+        grouped_logprobs = _grouped_forward(logprob_fn, fwd_groups, widths)
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
-                                     logprob_fn=_grouped_forward(logprob_fn, fwd_groups, widths),
+                                     logprob_fn=grouped_logprobs,
                                      value_fn=_grouped_forward(value_fn, fwd_groups, widths),
                                      next_row=packed.next_row, **adv_kwargs)
         if ref_actor is not None:
-            batch["ref_logprobs"] = _grouped_forward(logprob_fn, fwd_groups, widths)(
-                ref_actor, batch)
+            batch["ref_logprobs"] = grouped_logprobs(ref_actor, batch)
         if p.normalize_advantages:
             batch["advantages"] = ps.whiten_advantages(batch["advantages"], batch["gen_mask"],
                                                        batch["segment_ids"])
@@ -463,8 +463,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         artifacts.write_credit(os.path.join(traj_dir, f"{name}.credit.npz"),
                                artifacts.credit_arrays(packed, jax.device_get(batch)))
         gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
-        mask = np.asarray(packed.gen_mask, bool) & np.asarray(
-            ps.predictable_mask(batch["segment_ids"]))
+        mask = np.asarray(ps.trained_mask(packed.gen_mask, batch["segment_ids"]))
         ev_pre = _explained_variance(np.asarray(batch["old_values"])[mask],
                                      np.asarray(batch["returns"])[mask])
         real = packed.policy_version[packed.policy_version >= 0]

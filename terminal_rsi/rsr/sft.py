@@ -36,7 +36,7 @@ SFT_KEYS = ("tokens", "positions", "segment_ids", "gen_mask")
 def sft_loss_parts(params, graphdef, batch, aggregation: Aggregation) -> LossParts:
     """Eq. 3 loss parts of one (micro)batch: tokens/positions/segment_ids/gen_mask [B, L]."""
     lp, _ = ps.actor_logprobs(params, graphdef, batch)
-    mask = batch["gen_mask"].astype(bool) & ps.predictable_mask(batch["segment_ids"])
+    mask = ps.trained_mask(batch["gen_mask"], batch["segment_ids"])
     return sft_loss(lp, mask, aggregation, segment_ids=batch["segment_ids"])
 
 
