@@ -33,7 +33,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rewards = ml_collections.ConfigDict({"fn": "fdr", "divisors_path": None})
     c.rollout = ml_collections.ConfigDict({
         "batch_size": 4, "concurrency": 4, "oversample": 0.0, "cache_multiple": 512,
-        "prefill_chunk": 256, "decode_block": 8, "progress": False})
+        "prefill_chunk": 256, "decode_block": 8, "progress": False,
+        "curriculum": "cyclic", "curriculum_floor": 0.1})
     c.advantage = ml_collections.ConfigDict({
         "estimator": "tb_gae", "gamma_turn": 1.0, "lambda_turn": 1.0, "gamma": 1.0,
         "lam": 1.0})

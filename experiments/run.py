@@ -55,6 +55,10 @@ def main(argv: list[str]) -> None:
         sharding.maybe_initialize_distributed(config)
     workdir = _WORKDIR.value or os.path.join("runs", experiment_name)
     write_config(config, workdir)
+    from terminal_rsi import compile_cache
+
+    cache = compile_cache.enable()  # $TERMINAL_RSI_COMPILATION_CACHE=off disables it
+    logging.info("JAX compilation cache: %s", cache or "off")
     logging.info("running %s in %s", experiment_name, workdir)
     experiment.run(config, workdir)
 

@@ -95,6 +95,11 @@ SCHEMA = {
     "rollout.prefill_chunk": Field(int, "sampler prefill chunk", lo=1),
     "rollout.decode_block": Field(int, "sampler decode block", lo=1),
     "rollout.progress": Field(bool, "print the scheduler's progress line"),
+    "rollout.curriculum": Field(str, "task draw: cyclic (in order) | reward_variance (families "
+                                "with mixed rewards more often; terminal_rsi.rpr.curriculum)",
+                                choices=("cyclic", "reward_variance")),
+    "rollout.curriculum_floor": Field(float, "reward_variance: every family keeps at least this "
+                                      "fraction of the mean family weight", lo=0.0),
     "advantage.estimator": Field(str, "tb_gae | gae", choices=("tb_gae", "gae")),
     "advantage.gamma_turn": Field(float, "TB-GAE γ_turn", lo=0.0, hi=1.0),
     "advantage.lambda_turn": Field(float, "TB-GAE λ_turn", lo=0.0, hi=1.0),
@@ -340,6 +345,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     from terminal_rsi.checkpoint import RunCheckpointer, export_weights
     from terminal_rsi.rewards import FamilyDivisors
     from terminal_rsi.rpr import artifacts
+    from terminal_rsi.rpr.curriculum import Curriculum
     from terminal_rsi.sampling import Buckets, Sampler
     from terminal_rsi.tasks import open_task_sandbox
 
@@ -355,6 +361,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     else:
         num_steps, warmup_steps = config.num_steps, p.critic_warmup_steps
 
+    curriculum = Curriculum(train_tasks, r.get("curriculum") or "cyclic",
+                            float(r.get("curriculum_floor") or 0.0))
     actor, critic = _states(config, mcfg)
     # π_ref of the KL penalty: the phase's input actor (also after a resume)
     ref_actor = jax.tree.map(jnp.copy, actor) if pcfg.kl_coef > 0 else None
@@ -371,6 +379,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         actor, critic, key = rs.actor, rs.critic, rs.rngs["phase"]
         step, data_position, version = rs.step, rs.data_position, rs.policy_version
         divisors = FamilyDivisors.from_dict(rs.extra["divisors"])
+        curriculum.load(rs.extra.get("curriculum"))
         resumed_from = step
         metrics = [m for m in _read_metrics(metrics_path) if m["step"] <= step]
         _write_metrics(metrics_path, metrics)
@@ -430,7 +439,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         key, k_roll, k_perm, k_eval = jax.random.split(key, 4)
         sched = scheduler(int(jax.random.randint(k_roll, (), 0, 2**31 - 1)), r.oversample)
         n_launch = sched.num_launch(r.batch_size)
-        launch = [train_tasks[(data_position + i) % len(train_tasks)] for i in range(n_launch)]
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
+        launch = curriculum.launch(n_launch, data_position, rng)
         data_position += n_launch
         res = sched.collect(launch, r.batch_size, policy_version=version)
         if not res.trajectories:
@@ -444,7 +454,6 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
                              f"divisible by num_minibatches * num_microbatches = {n_mb * m}")
         widths = (_row_widths(packed.segment_ids, r.cache_multiple) if p.length_grouping
                   else np.full(packed.tokens.shape[0], packed.tokens.shape[1]))
-        rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
         fwd_groups = _minibatch_rows(widths, n_mb, np.random.default_rng(0), p.length_grouping)
         grouped_logprobs = _grouped_forward(logprob_fn, fwd_groups, widths)
         batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
@@ -482,6 +491,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         if not critic_only:
             version += 1
         trajs = res.trajectories
+        curriculum.update(trajs)
         row = {
             "step": step,
             "critic_only": critic_only,
@@ -502,6 +512,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             **_mean_metrics(cms, "critic"),
             **_mean_metrics(ams, "actor"),
             "rollout_s": res.stats["elapsed_s"],
+            **curriculum.summary(),
         }
         if config.eval.every and step % config.eval.every == 0:
             if eval_tasks is None:
@@ -522,7 +533,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         if step % config.checkpoint.every == 0 or last:
             ckpt.save(step, actor=actor, critic=critic, rngs={"phase": key},
                       policy_version=version, data_position=data_position,
-                      extra={"divisors": divisors.to_dict(), "mode": config.mode},
+                      extra={"divisors": divisors.to_dict(), "mode": config.mode,
+                             "curriculum": curriculum.to_dict()},
                       force=True)
             ckpt.wait()
         metrics.append(row)

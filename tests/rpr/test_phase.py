@@ -35,6 +35,8 @@ def _config():
     # Deterministic configuration: one episode in flight, so the sampler's key sequence and
     # the order of the kept episodes do not depend on thread timing.
     c.rollout.concurrency = 1
+    # the online curriculum's statistics and cursors are part of the resumed state
+    c.rollout.curriculum = "reward_variance"
     c.ppo.critic_warmup_steps = 2
     c.eval.every, c.eval.num_tasks = 3, 2
     c.checkpoint.every = 1
