@@ -46,7 +46,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft = ml_collections.ConfigDict({
         "steps": 200, "batch_size": 8, "num_microbatches": 1, "aggregation": "token_mean"})
     c.actor_opt = ml_collections.ConfigDict({
-        "learning_rate": 3e-3, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 10})
+        "learning_rate": 3e-3, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 10,
+        "schedule": "constant", "end_lr_ratio": 0.1})
     c.eval = ml_collections.ConfigDict({
         "num_tasks": 16, "temperature": 0.0, "every": 0, "guided": True})
     return c

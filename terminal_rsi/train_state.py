@@ -39,6 +39,10 @@ class OptimizerConfig:
     weight_decay: float = 0.1
     grad_clip: float | None = 1.0
     warmup_steps: int = 0
+    # cosine decay from learning_rate to learning_rate * end_lr_ratio, reached at step
+    # decay_steps (counted from 0, warm-up included); 0: constant after the warm-up
+    decay_steps: int = 0
+    end_lr_ratio: float = 0.1
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> OptimizerConfig:
@@ -52,16 +56,29 @@ def _decay_mask(params):
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """clip_by_global_norm(grad_clip) -> AdamW(lr, b1, b2, eps, wd on matrices)."""
-    lr: Any = config.learning_rate
-    if config.warmup_steps:
-        lr = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
+    """clip_by_global_norm(grad_clip) -> AdamW(lr, b1, b2, eps, wd on matrices); lr: linear
+    warm-up over `warmup_steps`, then constant, or with `decay_steps` a cosine decay to
+    `learning_rate * end_lr_ratio` at step `decay_steps` (`lr_schedule`)."""
+    lr = lr_schedule(config)
     parts = []
     if config.grad_clip is not None:
         parts.append(optax.clip_by_global_norm(config.grad_clip))
     parts.append(optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps,
                              weight_decay=config.weight_decay, mask=_decay_mask))
     return optax.chain(*parts)
+
+
+def lr_schedule(config: OptimizerConfig) -> Any:
+    """The learning rate (a float, or an optax schedule of the step) of `make_optimizer`."""
+    peak, warm, decay = config.learning_rate, config.warmup_steps, config.decay_steps
+    if decay:
+        if warm >= decay:
+            raise ValueError(f"decay_steps = {decay} must exceed warmup_steps = {warm}")
+        return optax.warmup_cosine_decay_schedule(0.0 if warm else peak, peak, warm, decay,
+                                                  end_value=peak * config.end_lr_ratio)
+    if warm:
+        return optax.linear_schedule(0.0, peak, warm)
+    return peak
 
 
 class TrainState(struct.PyTreeNode):

@@ -113,3 +113,42 @@ def test_optimizer_config_from_config_and_decay_mask():
     updates, _ = tx.update(zeros, tx.init(params), params)
     np.testing.assert_allclose(updates["matrix"], -np.ones((2, 2)))  # decayed
     np.testing.assert_allclose(updates["vector"], np.zeros(2))  # not decayed
+
+
+def _reference_lr(t, peak, warm, decay, ratio):
+    """Closed form of the warm-up + cosine schedule (an independent reference)."""
+    if warm and t < warm:
+        return peak * t / warm
+    if t >= decay:
+        return peak * ratio
+    frac = (t - warm) / (decay - warm)
+    return peak * ratio + (peak - peak * ratio) * 0.5 * (1 + np.cos(np.pi * frac))
+
+
+@pytest.mark.parametrize("warm", [0, 5])
+def test_cosine_schedule_matches_closed_form(warm):
+    opt = ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=warm, decay_steps=40,
+                             end_lr_ratio=0.1)
+    sched = ts.lr_schedule(opt)
+    got = np.array([float(sched(t)) for t in range(50)])
+    want = np.array([_reference_lr(t, 3e-3, warm, 40, 0.1) for t in range(50)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-12)
+    assert got[-1] == pytest.approx(3e-4)
+    # no decay: constant after the warm-up, as before
+    assert ts.lr_schedule(ts.OptimizerConfig(learning_rate=1e-3)) == 1e-3
+    with pytest.raises(ValueError, match="decay_steps"):
+        ts.lr_schedule(ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=8, decay_steps=8))
+
+
+def test_sft_stage_optimizer_spans_the_stage():
+    import ml_collections
+
+    from terminal_rsi.rsr.common import optimizer_config
+
+    sec = ml_collections.ConfigDict({"learning_rate": 5e-4, "weight_decay": 0.0,
+                                     "grad_clip": 1.0, "warmup_steps": 0,
+                                     "schedule": "cosine", "end_lr_ratio": 0.2})
+    assert optimizer_config(sec, 12).decay_steps == 12
+    assert optimizer_config(sec, 1).decay_steps == 0  # one step: nothing to decay
+    sec.schedule = "constant"
+    assert optimizer_config(sec, 12).decay_steps == 0

@@ -136,7 +136,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(f"[base_sft] {len(demos)} demonstrations ({demo_stats}) in {t_demo:.0f}s",
           flush=True)
 
-    actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed)
+    actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed,
+                            total_steps=config.sft.steps)
     s = config.sft
     step_fn = make_sft_step(Aggregation(s.aggregation), s.num_microbatches, state=actor)
     # rows padded to the batch's longest row rounded up to cache_multiple (a handful of

@@ -55,6 +55,10 @@ OPT_SCHEMA = {
     "actor_opt.weight_decay": Field(float, "actor AdamW weight decay", lo=0.0),
     "actor_opt.grad_clip": Field(float, "actor global-norm clip", lo=0.0, optional=True),
     "actor_opt.warmup_steps": Field(int, "linear lr warm-up steps", lo=0),
+    "actor_opt.schedule": Field(str, "lr after the warm-up: constant, or cosine decay to "
+                                "end_lr_ratio x lr at the last SFT step of the stage",
+                                choices=("constant", "cosine")),
+    "actor_opt.end_lr_ratio": Field(float, "cosine: final lr / peak lr", lo=0.0, hi=1.0),
 }
 SFT_SCHEMA = {
     "sft.steps": Field(int, "SFT optimizer steps", lo=0),
@@ -146,16 +150,36 @@ def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) ->
     return out
 
 
-def create_actor(config, mcfg, opt_section, seed: int):
-    """A DecoderLM TrainState (random init from `seed`, or init.actor_weights)."""
+def optimizer_config(opt_section, total_steps: int = 0):
+    """The OptimizerConfig of an `actor_opt` section; with `schedule = cosine` the lr decays
+    over `total_steps` (the stage's SFT steps; 0 or 1 step: constant)."""
+    from terminal_rsi.train_state import OptimizerConfig
+
+    cosine = opt_section.get("schedule", "constant") == "cosine"
+    decay = int(total_steps) if cosine and total_steps > max(1, opt_section.warmup_steps) else 0
+    return OptimizerConfig(learning_rate=opt_section.learning_rate,
+                           weight_decay=opt_section.weight_decay,
+                           grad_clip=opt_section.grad_clip,
+                           warmup_steps=opt_section.warmup_steps, decay_steps=decay,
+                           end_lr_ratio=float(opt_section.get("end_lr_ratio", 0.1)))
+
+
+def with_optimizer(state, opt):
+    """`state` with a fresh optax chain `opt` (and its zero optimizer state), params kept."""
+    from terminal_rsi.train_state import make_optimizer
+
+    tx = make_optimizer(opt)
+    return state.replace(tx=tx, opt_state=tx.init(state.params), step=state.step * 0)
+
+
+def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):
+    """A DecoderLM TrainState (random init from `seed`, or init.actor_weights); its optimizer
+    follows `opt_section` over `total_steps` SFT steps (`optimizer_config`)."""
     from terminal_rsi.checkpoint import import_weights
     from terminal_rsi.models.transformer import DecoderLM
-    from terminal_rsi.train_state import OptimizerConfig, create_train_state
+    from terminal_rsi.train_state import create_train_state
 
-    opt = OptimizerConfig(learning_rate=opt_section.learning_rate,
-                          weight_decay=opt_section.weight_decay,
-                          grad_clip=opt_section.grad_clip,
-                          warmup_steps=opt_section.warmup_steps)
+    opt = optimizer_config(opt_section, total_steps)
     actor = create_train_state(DecoderLM, mcfg, opt, seed=seed)
     if config.init.actor_weights:
         actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",

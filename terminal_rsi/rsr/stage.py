@@ -290,6 +290,8 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
         nll_fn = make_nll_fn(agg)
         nll_before = mean_nll(actor, q_clean, nll_fn, batch_size=s.batch_size,
                               buckets=buckets, width=width)
+        # the lr schedule spans this stage's SFT steps (known only now: they depend on Q_clean)
+        actor = cm.with_optimizer(actor, cm.optimizer_config(config.actor_opt, n_steps))
         step_fn = make_sft_step(agg, s.num_microbatches, state=actor)
         actor, metrics = train_sft(actor, q_clean, step_fn, num_steps=n_steps,
                                    batch_size=s.batch_size, rng=rng, buckets=buckets,
