@@ -46,15 +46,15 @@ SCALES: dict[str, dict] = {
         "experiments": {
             # base: 120 SFT steps leave the base partly competent (about 20% held-out success at
             # T = 0.6; 300 steps reach about 47%, docs/pipeline.md), room for the later stages
-            "base_sft": {"sft.steps": 120, "tasks.n_per_family": 24,
+            "base_sft": {"sft.steps": 80, "tasks.n_per_family": 24,
                          "demos.runbook_fraction": 0.5, "actor_opt.warmup_steps": 20,
                          "eval.every": 0, "eval.num_tasks": 0, "rollout.cache_multiple": 64,
                          **TINY_SFT_OPT},
             # rsr: Q_clean is small (about 10-20 accepted runs): 2 epochs over it, not a fixed
             # 60 steps (which overfit it: NLL 0.02 -> 2e-5, held-out 31.7 % -> 25.0 %)
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
-                    "sft.steps": 60, "sft.epochs": 2.0, "rollout.cache_multiple": 64,
-                    **TINY_SFT_OPT},
+                    "sft.steps": 60, "sft.epochs": 3.0, "actor_opt.learning_rate": 1e-3,
+                    "rollout.cache_multiple": 64, **TINY_SFT_OPT},
             # rpr: actor lr 1e-4 (5e-4 lowered held-out success 25.0 % -> 16.7 % in one phase
             # even with the KL anchor, docs/pipeline.md)
             "rpr_phase": {"num_steps": 12, "tasks.n_per_family": 4, "rollout.batch_size": 16,

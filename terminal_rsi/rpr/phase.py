@@ -5,8 +5,10 @@
 
 One rollout step k (1-based):
 
-  1. collect `rollout.batch_size` episodes on the training tasks (taken cyclically from
-     `data_position`) with the current actor through `RolloutScheduler`; each episode is
+  1. collect `rollout.batch_size` episodes on the training tasks (drawn by
+     `rollout.curriculum`: cyclically from `data_position`, or `reward_variance`, families
+     with mixed rewards more often, `terminal_rsi.rpr.curriculum`; its statistics are part
+     of every checkpoint) with the current actor through `RolloutScheduler`; each episode is
      scored by the phase's frozen reward function (`rewards.fn`: fdr | spr | binary) and
      divisor table (loaded once at phase start and stored in every checkpoint, so a resumed
      phase keeps the same table);
