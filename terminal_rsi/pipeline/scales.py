@@ -53,7 +53,7 @@ SCALES: dict[str, dict] = {
             # rsr: Q_clean is small (about 10-20 accepted runs): 2 epochs over it, not a fixed
             # 60 steps (which overfit it: NLL 0.02 -> 2e-5, held-out 31.7 % -> 25.0 %)
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
-                    "sft.steps": 60, "sft.epochs": 3.0, "actor_opt.learning_rate": 1e-3,
+                    "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
             # rpr: actor lr 1e-4 (5e-4 lowered held-out success 25.0 % -> 16.7 % in one phase
             # even with the KL anchor, docs/pipeline.md)

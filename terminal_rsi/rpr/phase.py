@@ -363,7 +363,9 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     else:
         num_steps, warmup_steps = config.num_steps, p.critic_warmup_steps
 
-    curriculum = Curriculum(train_tasks, r.get("curriculum") or "cyclic",
+    # the warm-up critic's pass covers every training task once (paper §2.1): always cyclic
+    curriculum = Curriculum(train_tasks,
+                            "cyclic" if warmup_mode else (r.get("curriculum") or "cyclic"),
                             float(r.get("curriculum_floor") or 0.0))
     actor, critic = _states(config, mcfg)
     # π_ref of the KL penalty: the phase's input actor (also after a resume)
