@@ -1,7 +1,6 @@
 """Size presets of the pipeline (`config.scale`): one job, different budgets.
 
-- `default`: the tiny CPU default that should learn (issue 11 §4): whole chain on 2 cores in
-  about 20 minutes.
+- `default`: the tiny CPU default that learns (issue 11 §4; measured in docs/pipeline.md).
 - `ci`: the same job, much smaller (a few minutes): fewer steps, fewer tasks.
 - `test`: the smallest shapes that still run every stage (tests/pipeline).
 
@@ -44,19 +43,22 @@ SCALES: dict[str, dict] = {
         "eval": {"k": 3, "n_per_family": 2, "heldout_families": HELDOUT_FAMILIES,
                  "concurrency": 16},
         "experiments": {
-            # base: 120 SFT steps leave the base partly competent (about 20% held-out success at
-            # T = 0.6; 300 steps reach about 47%, docs/pipeline.md), room for the later stages
+            # base: 80 annealed SFT steps leave the base partly competent (held-out success
+            # 37-47 % over 3 seeds, with count_lines / batch_rename / find_tree between 0 and 1;
+            # 120 annealed steps reach 53-57 %, docs/pipeline.md): room for the later stages
             "base_sft": {"sft.steps": 80, "tasks.n_per_family": 24,
                          "demos.runbook_fraction": 0.5, "actor_opt.warmup_steps": 20,
                          "eval.every": 0, "eval.num_tasks": 0, "rollout.cache_multiple": 64,
                          **TINY_SFT_OPT},
-            # rsr: Q_clean is small (about 10-20 accepted runs): 2 epochs over it, not a fixed
-            # 60 steps (which overfit it: NLL 0.02 -> 2e-5, held-out 31.7 % -> 25.0 %)
+            # rsr: Q_clean is small (about 7-20 accepted runs): 2 epochs over it at 5e-4 (3 epochs
+            # at 1e-3 made RSR-1 forget families outside Q_clean: 46.7 % -> 26.7 %; a fixed 60
+            # steps overfit it: NLL 0.02 -> 2e-5, held-out 31.7 % -> 25.0 %)
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
                     "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
-            # rpr: actor lr 1e-4 (5e-4 lowered held-out success 25.0 % -> 16.7 % in one phase
-            # even with the KL anchor, docs/pipeline.md)
+            # rpr: actor lr 2e-4 with the reward-variance curriculum (direct PPO from a base:
+            # 46.7 % -> 50.0 %; at 5e-4 rollouts collapsed even with the KL anchor,
+            # docs/pipeline.md); 4 critic-only + 8 joint steps
             "rpr_phase": {"num_steps": 12, "tasks.n_per_family": 4, "rollout.batch_size": 16,
                           "rollout.concurrency": 16, "ppo.num_minibatches": 2,
                           "eval.every": 0, "eval.num_tasks": 10, "checkpoint.every": 6,

@@ -141,6 +141,12 @@ def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
     res = run_phase(config, str(tmp_path))
     # 2 training tasks (2 families x 1), batch 2: one pass is one rollout step
     assert res.step == 1 and [m["critic_only"] for m in res.metrics] == [True]
+    # one pass: every training task once, although _config sets the reward_variance curriculum
+    shard = read_shard(os.path.join(tmp_path, "trajectories", "step_00001.jsonl"))
+    from terminal_rsi.rpr.phase import config_tasks
+
+    train_ids = sorted(t.id for t in config_tasks(config, "train", config.tasks.n_per_family))
+    assert sorted(t.task_id for t in shard) == train_ids
     assert _equal(_np(res.actor.params), init_actor)
     assert not _equal(_np(res.critic.params), init_critic)
     # C2: both roles are exported; the actor is the (unchanged) input actor
