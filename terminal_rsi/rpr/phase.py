@@ -364,9 +364,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         num_steps, warmup_steps = config.num_steps, p.critic_warmup_steps
 
     # the warm-up critic's pass covers every training task once (paper §2.1): always cyclic
-    curriculum = Curriculum(train_tasks,
-                            "cyclic" if warmup_mode else (r.get("curriculum") or "cyclic"),
-                            float(r.get("curriculum_floor") or 0.0))
+    curriculum = Curriculum(train_tasks, "cyclic" if warmup_mode else r.curriculum,
+                            r.curriculum_floor)
     actor, critic = _states(config, mcfg)
     # π_ref of the KL penalty: the phase's input actor (also after a resume)
     ref_actor = jax.tree.map(jnp.copy, actor) if pcfg.kl_coef > 0 else None

@@ -3,6 +3,7 @@ from config, demonstration actions, actor creation, episode collection and expor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -155,13 +156,9 @@ def optimizer_config(opt_section, total_steps: int = 0):
     over `total_steps` (the stage's SFT steps; 0 or 1 step: constant)."""
     from terminal_rsi.train_state import OptimizerConfig
 
-    cosine = opt_section.get("schedule", "constant") == "cosine"
+    cosine = opt_section.schedule == "cosine"
     decay = int(total_steps) if cosine and total_steps > max(1, opt_section.warmup_steps) else 0
-    return OptimizerConfig(learning_rate=opt_section.learning_rate,
-                           weight_decay=opt_section.weight_decay,
-                           grad_clip=opt_section.grad_clip,
-                           warmup_steps=opt_section.warmup_steps, decay_steps=decay,
-                           end_lr_ratio=float(opt_section.get("end_lr_ratio", 0.1)))
+    return dataclasses.replace(OptimizerConfig.from_config(opt_section), decay_steps=decay)
 
 
 def with_optimizer(state, opt):
