@@ -41,7 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.ppo = ml_collections.ConfigDict({
         "critic_warmup_steps": 4, "epochs": 1, "num_minibatches": 2, "num_microbatches": 1,
         "clip_low": 0.3, "clip_high": 5.0, "value_clip": 4.0, "aggregation": "sample_mean",
-        "kl_coef": 0.0, "normalize_advantages": False, "length_grouping": True})
+        "kl_coef": 0.0, "normalize_advantages": False, "length_grouping": True,
+        "mask_malformed": False})
     c.actor_opt = ml_collections.ConfigDict({
         "learning_rate": 1e-4, "weight_decay": 0.1, "grad_clip": 1.0})
     c.critic_opt = ml_collections.ConfigDict({

@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.execution = ml_collections.ConfigDict({"m": 4, "instruction": config_dict.placeholder(str)})
     c.sft = ml_collections.ConfigDict({
         "steps": 60, "epochs": config_dict.placeholder(float), "batch_size": 8,
-        "num_microbatches": 1, "aggregation": "sequence_sum"})
+        "num_microbatches": 1, "aggregation": "sequence_sum", "rehearsal_samples": 0})
     c.actor_opt = ml_collections.ConfigDict({
         "learning_rate": 5e-4, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 0,
         "schedule": "constant", "end_lr_ratio": 0.1})

@@ -86,6 +86,14 @@ def trained_mask(gen_mask: Array, segment_ids: Array) -> Array:
     return jnp.asarray(gen_mask, bool) & predictable_mask(segment_ids)
 
 
+def policy_mask(batch: Mapping[str, Array]) -> Array:
+    """The positions of the policy loss: `trained_mask`, and `batch["policy_mask"]` if given."""
+    mask = trained_mask(batch["gen_mask"], batch["segment_ids"])
+    if batch.get("policy_mask") is not None:
+        mask = mask & jnp.asarray(batch["policy_mask"], bool)
+    return mask
+
+
 def shift_to_next_token(x: Array, segment_ids: Array) -> Array:
     """out[b, t] = x[b, t-1] where `predictable_mask`, else 0. x: [B, L, ...] -> same shape."""
     chex.assert_equal_shape_prefix([x, segment_ids], 2)
@@ -245,10 +253,12 @@ def _jit(fn, states: tuple[TrainState | None, ...], donate: bool, n_state_args: 
 
 
 def actor_loss_parts(params, graphdef, batch, config: PPOConfig) -> LossParts:
-    """Eq. 14 policy loss parts of one (micro)batch (keys ACTOR_KEYS, optional ref_logprobs)."""
+    """Eq. 14 policy loss parts of one (micro)batch (keys ACTOR_KEYS, optional ref_logprobs
+    and policy_mask: [B, L] bool, the positions the policy loss may use, e.g. all but the
+    malformed replies of `agent.malformed_mask`; the critic ignores it)."""
     lp, ent = actor_logprobs(params, graphdef, batch, with_entropy=config.entropy_coef > 0,
                              temperature=config.temperature)
-    mask = trained_mask(batch["gen_mask"], batch["segment_ids"])
+    mask = policy_mask(batch)
     return ppo_policy_loss(lp, batch["old_logprobs"], batch["advantages"], mask, config,
                            segment_ids=batch["segment_ids"],
                            ref_logprobs=batch.get("ref_logprobs"), entropy=ent)

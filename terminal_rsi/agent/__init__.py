@@ -33,7 +33,12 @@ from terminal_rsi.agent.harness import (
     reference_action,
     run_episode,
 )
-from terminal_rsi.agent.packing import PackedBatch, PackingError, pack_trajectories
+from terminal_rsi.agent.packing import (
+    PackedBatch,
+    PackingError,
+    malformed_mask,
+    pack_trajectories,
+)
 from terminal_rsi.agent.scheduler import (
     AsyncRollouts,
     BatchingPolicy,
@@ -61,6 +66,6 @@ __all__ = [
     "GenerationOutput", "GenerationRequest", "HarnessConfig", "PackedBatch", "PackingError",
     "Policy", "ReferencePolicy", "SamplerPolicy", "SamplingSettings", "ScriptedPolicy",
     "Segment", "TerminalReason", "TrainingPolicy", "Trajectory", "TrajectoryFormatError", "Turn",
-    "cap_text", "format_observation", "pack_trajectories", "parse_action", "read_shard",
-    "run_episode", "write_shard",
+    "cap_text", "format_observation", "malformed_mask", "pack_trajectories", "parse_action",
+    "read_shard", "run_episode", "write_shard",
 ]

@@ -29,7 +29,11 @@ TINY_HARNESS = {"system_prompt": SHORT_SYSTEM_PROMPT, "max_turns": 3, "max_outpu
                 "max_input_tokens": 2048, "max_observation_chars": 300, "temperature": 0.6}
 # the tiny default's PPO: the KL anchor to the phase's input actor and whitened advantages keep
 # a 500k-parameter byte model from the drift-and-collapse seen without them (docs/pipeline.md)
-TINY_PPO = {"ppo.kl_coef": 0.1, "ppo.normalize_advantages": True, "rollout.cache_multiple": 512}
+# mask_malformed: replies that did not parse or hit the output limit get no policy gradient
+# (most rollout turns of the tiny model early in RPR; with their negative advantages RPR-1 turned
+# count_lines into unterminated JSON noise in 2 of 2 seeds, 6/6 -> 0/6, docs/pipeline.md)
+TINY_PPO = {"ppo.kl_coef": 0.1, "ppo.normalize_advantages": True, "ppo.mask_malformed": True,
+            "rollout.cache_multiple": 512}
 # SFT stages anneal: with a constant 3e-3 the base's last iterate is noisy, and which families
 # it solves flips from run to run (measured at 200 steps: sort_uniq 6/6 in one seed, 0/6 in the
 # other; permissions 6/6 vs 2/6), so every later stage started from a different base
@@ -53,8 +57,12 @@ SCALES: dict[str, dict] = {
             # rsr: Q_clean is small (about 7-20 accepted runs): 2 epochs over it at 5e-4 (3 epochs
             # at 1e-3 made RSR-1 forget families outside Q_clean: 46.7 % -> 26.7 %; a fixed 60
             # steps overfit it: NLL 0.02 -> 2e-5, held-out 31.7 % -> 25.0 %)
+            # self-rehearsal (1 H0 sample per task, its successes join Q_clean): Q_clean holds
+            # 2-5 families, and fine-tuning on it alone lost sort_uniq (6/6 -> 1/6) in a seed
+            # whose Q_clean lacked it
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
                     "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
+                    "sft.rehearsal_samples": 1,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
             # rpr: actor lr 2e-4 with the reward-variance curriculum (direct PPO from a base:
             # 46.7 % -> 50.0 %; at 5e-4 rollouts collapsed even with the KL anchor,

@@ -119,6 +119,9 @@ SCHEMA = {
                          "input actor (paper: 0)", lo=0.0),
     "ppo.normalize_advantages": Field(bool, "whiten advantages over the batch's trained "
                                       "tokens (mean 0, std 1) before the update (paper: off)"),
+    "ppo.mask_malformed": Field(bool, "leave replies that did not parse or hit the output "
+                                "limit out of the policy loss (the critic still trains on "
+                                "them; agent.malformed_mask; paper: off)"),
     "ppo.length_grouping": Field(bool, "minibatches of rows of similar length, each cut to its "
                                  "own width (False: random minibatches at the full width)"),
     "actor_opt.learning_rate": Field(float, "actor lr", lo=0.0),
@@ -340,6 +343,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         SamplerPolicy,
         SamplingSettings,
         SchedulerConfig,
+        malformed_mask,
         pack_trajectories,
     )
     from terminal_rsi.agent.scheduler import logprob_gap
@@ -465,9 +469,13 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
                                      next_row=packed.next_row, **adv_kwargs)
         if ref_actor is not None:
             batch["ref_logprobs"] = grouped_logprobs(ref_actor, batch)
-        if p.normalize_advantages:
-            batch["advantages"] = ps.whiten_advantages(batch["advantages"], batch["gen_mask"],
-                                                       batch["segment_ids"])
+        malformed = malformed_mask(packed, res.trajectories)
+        if p.mask_malformed:
+            batch["policy_mask"] = packed.gen_mask & ~malformed
+        if p.normalize_advantages:  # over the tokens the policy loss uses
+            batch["advantages"] = ps.whiten_advantages(
+                batch["advantages"], batch.get("policy_mask", batch["gen_mask"]),
+                batch["segment_ids"])
         name = artifacts.step_name("step", step)
         for t in res.trajectories:
             t.meta.update(rpr_step=step, rpr_mode=config.mode)
@@ -506,6 +514,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             "turns": float(np.mean([len(t.turns) for t in trajs])),
             "generated_tokens": float(np.mean([t.num_generated for t in trajs])),
             "truncated_rows": int(packed.truncated.sum()),
+            "malformed_token_frac": float(malformed.sum() / max(packed.gen_mask.sum(), 1)),
             "dropped": len(res.dropped),
             "episode_errors": len(res.errors),
             "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,

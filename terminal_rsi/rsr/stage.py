@@ -70,6 +70,9 @@ SCHEMA = {
     "sft.epochs": Field(float, "size the SFT by Q_clean: ceil(epochs · |Q_clean| / batch_size) "
                         "steps, at most sft.steps (None: always sft.steps)", lo=1e-9,
                         optional=True),
+    "sft.rehearsal_samples": Field(int, "self-rehearsal: samples per training task of the "
+                                   "input actor under H0; its verified successes join Q_clean "
+                                   "in the fine-tune (0: off, the paper)", lo=0),
     "execution.instruction": Field(str, "I_exec (None: guidance.EXEC_INSTRUCTION)",
                                    optional=True),
     "eval.rewritten": Field(bool, "measure success on the rewritten tasks under H0 "
@@ -161,6 +164,26 @@ def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: in
             pub.meta.update({"runbook_index": idx, "repeat": rep})
             q_clean.append(pub)
     return trajs, q_clean
+
+
+def rehearsal_set(policy, h0, tasks, samples: int, concurrency: int, sandbox=None) -> list:
+    """The verified (S = 1) episodes of `samples` runs per task of `policy` under H0: the
+    actor's own successes, replayed next to Q_clean in the fine-tune (`sft.rehearsal_samples`).
+    Unguided, so each is its own public view."""
+    if not samples:
+        return []
+    launch = [t for t in tasks for _ in range(samples)]
+    trajs = cm.collect(policy, h0, launch, concurrency, sandbox)
+    for t in trajs:
+        t.meta["rehearsal"] = True
+    return [t for t in trajs if t.S == 1]
+
+
+def _per_family(trajs) -> dict[str, int]:
+    fams: dict[str, int] = {}
+    for t in trajs:
+        fams[t.family] = fams.get(t.family, 0) + 1
+    return dict(sorted(fams.items()))
 
 
 def _tree_equal(a, b) -> bool:
@@ -263,6 +286,15 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     print(f"[rsr] fresh execution: {len(q_clean)}/{len(fresh)} accepted "
           f"({n_leak} verified but leaking)", flush=True)
 
+    # self-rehearsal: the input actor's own verified H0 successes, so that families absent
+    # from a small Q_clean are not forgotten by fine-tuning on it alone
+    rehearsal = rehearsal_set(actor_pol, h0, tasks, config.sft.rehearsal_samples, c)
+    write_shard(os.path.join(trajdir, "rehearsal.jsonl"), rehearsal)
+    sft_set = q_clean + rehearsal
+    if config.sft.rehearsal_samples:
+        print(f"[rsr] self-rehearsal: {len(rehearsal)} verified H0 successes of "
+              f"{len(tasks) * config.sft.rehearsal_samples} samples", flush=True)
+
     # rewritten tasks (those with a clean sample): success under H0 before fine-tuning
     rewritten_ids = sorted({t.task_id for t in q_clean})
     rewritten = [t for t in tasks if t.id in rewritten_ids]
@@ -284,22 +316,22 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     agg = Aggregation(s.aggregation)
     metrics: list[dict] = []
     nll_before = nll_after = None
-    n_steps = sft_steps(s, len(q_clean))
-    if q_clean and n_steps:
-        width = fixed_width(q_clean, config.rollout.cache_multiple)
+    n_steps = sft_steps(s, len(sft_set))
+    if sft_set and n_steps:
+        width = fixed_width(sft_set, config.rollout.cache_multiple)
         nll_fn = make_nll_fn(agg)
-        nll_before = mean_nll(actor, q_clean, nll_fn, batch_size=s.batch_size,
+        nll_before = mean_nll(actor, sft_set, nll_fn, batch_size=s.batch_size,
                               buckets=buckets, width=width)
         # the lr schedule spans this stage's SFT steps (known only now: they depend on Q_clean)
         actor = cm.with_optimizer(actor, cm.optimizer_config(config.actor_opt, n_steps))
         step_fn = make_sft_step(agg, s.num_microbatches, state=actor)
-        actor, metrics = train_sft(actor, q_clean, step_fn, num_steps=n_steps,
+        actor, metrics = train_sft(actor, sft_set, step_fn, num_steps=n_steps,
                                    batch_size=s.batch_size, rng=rng, buckets=buckets,
                                    width=width)
-        nll_after = mean_nll(actor, q_clean, nll_fn, batch_size=s.batch_size,
+        nll_after = mean_nll(actor, sft_set, nll_fn, batch_size=s.batch_size,
                              buckets=buckets, width=width)
     else:
-        metrics = [{"step": 0, "skipped": "empty Q_clean" if not q_clean else "sft.steps=0"}]
+        metrics = [{"step": 0, "skipped": "empty Q_clean" if not sft_set else "sft.steps=0"}]
     cm.write_jsonl(os.path.join(workdir, "metrics.jsonl"), metrics)
     after = success_on_rewritten(config.seed + 12)
 
@@ -311,9 +343,7 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
         raise CriticChanged("the exported critic differs from the stage's input critic; an "
                             "RSR stage must leave the critic unchanged (Δφ = 0)")
 
-    fams: dict[str, int] = {}
-    for t in q_clean:
-        fams[t.family] = fams.get(t.family, 0) + 1
+    fams, rfams = _per_family(q_clean), _per_family(rehearsal)
     summary = {
         "tasks": len(tasks),
         "discovery": disc_stats,
@@ -328,13 +358,15 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
         "fresh_leaks": n_leak,
         "fresh_acceptance_rate": len(q_clean) / len(fresh) if fresh else None,
         "q_clean_size": len(q_clean),
-        "q_clean_per_family": dict(sorted(fams.items())),
+        "q_clean_per_family": fams,
         "q_clean_unique_tasks": len(rewritten_ids),
+        "rehearsal_size": len(rehearsal),
+        "rehearsal_per_family": rfams,
         "nll_before": nll_before,
         "nll_after": nll_after,
         "rewritten_success_before": before,
         "rewritten_success_after": after,
-        "sft_steps": n_steps if q_clean else 0,
+        "sft_steps": n_steps if sft_set else 0,
         "critic_bit_identical": identical,
         "planner": p.kind,
         "wall_s": time.monotonic() - t_start,

@@ -146,3 +146,30 @@ def test_invariant_violations_are_caught():
         check_packed(batch, [a])
     with pytest.raises(PackingError, match="max_len"):
         pack_trajectories([a], buckets=BUCKETS, max_len=5)
+
+
+def test_malformed_mask_marks_the_tokens_of_malformed_turns():
+    """`malformed_mask` is True exactly on the generated tokens of turns that failed to parse
+    or were cut off (checked against a per-token loop over the packed turn ids)."""
+    from terminal_rsi.agent import malformed_mask
+
+    bad_parse = _traj(summarized=True)
+    bad_parse.turns[1].parse_error = "no valid JSON action"
+    cut = _traj()
+    cut.turns[0].stop_reason = "length"
+    clean = _traj()
+    empty = Trajectory("t/1", "fam", "h", 3, [], [Segment(0, 0)], TerminalReason.INFRASTRUCTURE_ERROR)
+    trajs = [bad_parse, empty, cut, clean]
+    b = pack_trajectories(trajs, buckets=BUCKETS)
+    got = malformed_mask(b, trajs)
+    want = np.zeros_like(b.gen_mask)
+    for i in range(b.num_rows):
+        traj = trajs[b.kept[b.row_episode[i]]]
+        for t in range(b.gen_mask.shape[1]):
+            if b.gen_mask[i, t]:
+                turn = traj.turns[b.turn_ids[i, t]]
+                want[i, t] = turn.parse_error is not None or turn.stop_reason == "length"
+    np.testing.assert_array_equal(got, want)
+    assert got[:b.num_rows].any(1).tolist() == [True, False, True, False]  # bad_parse: 2 rows
+    assert got.sum() == 1 + 2  # turn 1 of bad_parse (1 token), turn 0 of cut (2 tokens)
+    assert not (got & ~b.gen_mask).any()

@@ -153,6 +153,25 @@ def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
     assert sorted(os.listdir(tmp_path / "export")) == ["actor", "critic"]
 
 
+def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
+    """ppo.mask_malformed: with an 8-token output budget every reply is cut off, so the joint
+    step has no policy-loss token: the actor (no weight decay) stays bit-identical while the
+    critic trains, and the metrics report every generated token as malformed."""
+    from terminal_rsi.rpr.phase import _states, model_config
+
+    config = _config()
+    config.ppo.mask_malformed = True
+    config.actor_opt.weight_decay = 0.0
+    config.eval.every, config.checkpoint.every = 0, 3
+    init_actor, init_critic = (_np(s.params) for s in _states(config, model_config(config)))
+    res = run_phase(config, str(tmp_path))
+    assert [m["critic_only"] for m in res.metrics] == [True, True, False]
+    assert all(m["malformed_token_frac"] == 1.0 for m in res.metrics)
+    assert res.metrics[-1]["actor/tokens"] == 0.0
+    assert _equal(_np(res.actor.params), init_actor)
+    assert not _equal(_np(res.critic.params), init_critic)
+
+
 def _untimed(rows):
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
 

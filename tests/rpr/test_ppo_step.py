@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from terminal_rsi import ppo_step as ps
-from terminal_rsi.losses import PPOConfig
+from terminal_rsi.losses import Aggregation, PPOConfig
 from tests.rpr.helpers import joint_step, states, toy_batch
 
 # module-scoped fixtures are expensive: keep this module on one xdist worker
@@ -270,3 +270,42 @@ def test_policy_temperature_must_be_positive():
 
     with pytest.raises(LossConfigError, match="temperature"):
         PPOConfig(temperature=0.0)
+
+
+class PolicyMaskTest(chex.TestCase):
+    """`policy_mask` in a batch restricts the policy loss to those positions: the same loss,
+    statistics and gradient as the batch whose gen_mask is cut to them (with and without
+    jit), while the critic's loss ignores it."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_policy_mask_equals_a_cut_gen_mask(self):
+        actor, critic = states()
+        base = toy_batch()
+        rng = np.random.default_rng(1)
+        batch = {k: jnp.asarray(v) for k, v in base.items()}
+        batch["old_logprobs"] = LP_FN(actor, batch) - 0.05
+        batch["advantages"] = jnp.asarray(
+            np.where(base["gen_mask"], rng.normal(size=base["gen_mask"].shape), 0.0),
+            jnp.float32)
+        batch["old_values"] = jnp.zeros(base["gen_mask"].shape, jnp.float32)
+        batch["returns"] = batch["advantages"]
+        keep = jnp.asarray(base["gen_mask"] & (rng.random(base["gen_mask"].shape) < 0.5))
+        cfg = PPOConfig(aggregation=Aggregation.SAMPLE_MEAN, kl_coef=0.1)
+        batch["ref_logprobs"] = batch["old_logprobs"] + 0.1
+
+        def loss(params, b):
+            parts = ps.actor_loss_parts(params, actor.graphdef, b, cfg)
+            return parts.loss, parts.stats
+
+        f = self.variant(jax.value_and_grad(loss, has_aux=True))
+        (l_mask, s_mask), g_mask = f(actor.params, {**batch, "policy_mask": keep})
+        (l_cut, s_cut), g_cut = f(actor.params, {**batch, "gen_mask": keep})
+        (l_all, _), _ = f(actor.params, batch)
+        np.testing.assert_allclose(l_mask, l_cut, rtol=1e-6)
+        assert float(s_mask["tokens"]) == float(keep[:, 1:].sum()) == float(s_cut["tokens"])
+        chex.assert_trees_all_close(g_mask, g_cut, rtol=1e-5, atol=1e-7)
+        assert abs(float(l_all) - float(l_mask)) > 1e-4
+        v = ps.critic_loss_parts(critic.params, critic.graphdef,
+                                 {**batch, "policy_mask": keep}, cfg)
+        v_ref = ps.critic_loss_parts(critic.params, critic.graphdef, batch, cfg)
+        np.testing.assert_allclose(v.loss, v_ref.loss, rtol=1e-6)

@@ -115,7 +115,7 @@ def test_rsr_stage_end_to_end(tmp_path, trained):
     export_weights(src, "critic", jax.device_get(critic))
     cfg = tiny_stage_config(**{"init.actor_weights": src, "init.critic_weights": src,
                                "harness.system_prompt": SYSTEM, "harness.temperature": 0.0,
-                               "eval.rewritten": False})
+                               "eval.rewritten": False, "sft.rehearsal_samples": 1})
     wd = str(tmp_path / "rsr")
     res = run_rsr(cfg, wd)
     s = json.load(open(os.path.join(wd, "summary.json")))
@@ -127,6 +127,9 @@ def test_rsr_stage_end_to_end(tmp_path, trained):
     assert s["q_clean_size"] >= 1 and s["q_clean_per_family"] == {"count_lines":
                                                                   s["q_clean_size"]}
     assert s["nll_after"] <= s["nll_before"]
+    rehearsal = read_shard(os.path.join(wd, "trajectories", "rehearsal.jsonl"))
+    assert s["rehearsal_size"] == len(rehearsal) and all(t.S == 1 for t in rehearsal)
+    assert s["rehearsal_per_family"] == ({"count_lines": len(rehearsal)} if rehearsal else {})
     for name in ("discovery", "fresh", "q_clean"):
         assert os.path.exists(os.path.join(wd, "trajectories", f"{name}.jsonl"))
     rows = [json.loads(x) for x in open(os.path.join(wd, "metrics.jsonl"))]
@@ -135,3 +138,27 @@ def test_rsr_stage_end_to_end(tmp_path, trained):
         assert os.path.isdir(os.path.join(wd, "export", role))
     assert np.array_equal(np.asarray(res.critic_params["value_head"]["w"]),
                           np.asarray(critic["value_head"]["w"]))
+
+
+def test_rehearsal_set_keeps_the_verified_unguided_successes():
+    """`rehearsal_set`: `samples` H0 runs per task, only S = 1 episodes kept, unguided (the
+    prompt is the public H0 prompt), marked meta.rehearsal; samples = 0 runs nothing."""
+    from terminal_rsi.agent import ScriptedPolicy
+    from terminal_rsi.rsr.stage import rehearsal_set
+
+    demo = cm.demo_policy(TOK)
+
+    def script(r):  # the reference solution on count_lines, an empty action elsewhere
+        if r.task.family == "count_lines":
+            return demo.script(r)
+        return json.dumps({"commands": [], "task_complete": True})
+
+    policy = ScriptedPolicy(TOK, script)
+    tasks = [make_task("count_lines", 0), make_task("create_file", 0), make_task("count_lines", 1)]
+    out = rehearsal_set(policy, H0, tasks, 2, 2)
+    assert sorted(t.task_id for t in out) == sorted([tasks[0].id, tasks[2].id] * 2)
+    assert all(t.S == 1 and t.meta["rehearsal"] for t in out)
+    assert all(SYSTEM in TOK.decode(t.turns[0].prompt_ids) for t in out)
+    assert "Runbook" not in TOK.decode(out[0].turns[0].prompt_ids)
+    calls = policy.calls
+    assert rehearsal_set(policy, H0, tasks, 0, 2) == [] and policy.calls == calls
