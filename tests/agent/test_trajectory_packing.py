@@ -158,7 +158,8 @@ def test_malformed_mask_marks_the_tokens_of_malformed_turns():
     cut = _traj()
     cut.turns[0].stop_reason = "length"
     clean = _traj()
-    empty = Trajectory("t/1", "fam", "h", 3, [], [Segment(0, 0)], TerminalReason.INFRASTRUCTURE_ERROR)
+    empty = Trajectory("t/1", "fam", "h", 3, [], [Segment(0, 0)],
+                       TerminalReason.INFRASTRUCTURE_ERROR)
     trajs = [bad_parse, empty, cut, clean]
     b = pack_trajectories(trajs, buckets=BUCKETS)
     got = malformed_mask(b, trajs)
