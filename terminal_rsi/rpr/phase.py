@@ -13,7 +13,9 @@ One rollout step k (1-based):
      divisor table (loaded once at phase start and stored in every checkpoint, so a resumed
      phase keeps the same table);
   2. pack, recompute π_old with the training-side actor and the pre-token values, and compute
-     advantages with TB-GAE (γ_turn, λ_turn) or per-token GAE (γ = λ = 1 by default);
+     advantages with TB-GAE (γ_turn, λ_turn) or per-token GAE (γ = λ = 1 by default); with
+     `ppo.mask_malformed`, replies that did not parse or were cut off are left out of the
+     policy loss (`agent.malformed_mask`; the critic still trains on them);
   3. steps k <= `ppo.critic_warmup_steps` (default 4): critic-only updates, actor frozen
      (its parameters stay bit-identical); later steps: `ppo.epochs` passes of joint PPO over
      `ppo.num_minibatches` shuffled minibatches, separate jitted critic and actor steps;

@@ -20,6 +20,9 @@
    M = `execution.m` repeats per accepted runbook; a run is accepted iff the protected
    verifier passes (S = 1) and the leak screen passes on its public view.
 5. Q_clean: the public views P(τ̃) of the accepted runs, as a multiset (repeats kept).
+   With `sft.rehearsal_samples` > 0 (off in the paper's recipe), the input actor's own
+   verified H0 successes (`rehearsal_set`, that many samples per training task) join it, so
+   that families absent from a small Q_clean are not forgotten.
    The actor is fine-tuned with Eq. 3 (`sft.steps` steps, or `sft.epochs` passes over
    Q_clean capped at `sft.steps`; minibatches drawn uniformly
    from the multiset) through the SFT step shared with `base_sft`. The critic is not
@@ -30,7 +33,8 @@
 Writes (C2): export/actor, export/critic, metrics.jsonl (one line per SFT step),
 trajectories/discovery.jsonl (all discovery episodes; meta.discovery_harness, S),
 trajectories/fresh.jsonl (fresh executions with guidance; meta: runbook text, accepted,
-leak reasons), trajectories/q_clean.jsonl (the accepted public views), summary.json
+leak reasons), trajectories/q_clean.jsonl (the accepted public views),
+trajectories/rehearsal.jsonl (the self-rehearsal episodes), summary.json
 (discovery success per harness, runbooks accepted / rejected by reason, fresh acceptance
 rate, Q_clean size per family, NLL before/after, success on the rewritten tasks under H0
 before/after, critic_bit_identical).
