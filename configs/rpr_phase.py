@@ -11,6 +11,7 @@ raised for the tiny model (paper: actor 5e-7 RPR-1 / 1e-7 RPR-2, critic 1.5e-5).
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -39,7 +40,8 @@ def get_config() -> ml_collections.ConfigDict:
         "estimator": "tb_gae", "gamma_turn": 1.0, "lambda_turn": 1.0, "gamma": 1.0,
         "lam": 1.0})
     c.ppo = ml_collections.ConfigDict({
-        "critic_warmup_steps": 4, "epochs": 1, "num_minibatches": 2, "num_microbatches": 1,
+        "critic_warmup_steps": 4, "epochs": 1, "critic_epochs": config_dict.placeholder(int),
+        "num_minibatches": 2, "num_microbatches": 1,
         "clip_low": 0.3, "clip_high": 5.0, "value_clip": 4.0, "aggregation": "sample_mean",
         "kl_coef": 0.0, "normalize_advantages": False, "length_grouping": True,
         "mask_malformed": False})

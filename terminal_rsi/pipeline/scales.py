@@ -64,13 +64,15 @@ SCALES: dict[str, dict] = {
                     "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
                     "sft.rehearsal_samples": 1,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
-            # rpr: actor lr 2e-4 with the reward-variance curriculum (direct PPO from a base:
-            # 46.7 % -> 50.0 %; at 5e-4 rollouts collapsed even with the KL anchor,
-            # docs/pipeline.md); 4 critic-only + 8 joint steps
+            # rpr: actor lr 5e-5 (at 2e-4, RPR-1 lowered held-out success in 4 of 4 seeds,
+            # 50.0 % -> 26.7 % at worst; at 5e-4 rollouts collapsed, docs/pipeline.md) with the
+            # reward-variance curriculum; the critic makes 4 passes per batch (with 1, its EV
+            # stayed about 0 through warm-up and the critic-only steps); 4 critic-only + 8 joint
             "rpr_phase": {"num_steps": 12, "tasks.n_per_family": 4, "rollout.batch_size": 16,
                           "rollout.concurrency": 16, "ppo.num_minibatches": 2,
+                          "ppo.critic_epochs": 4,
                           "eval.every": 0, "eval.num_tasks": 10, "checkpoint.every": 6,
-                          "actor_opt.learning_rate": 2e-4, "critic_opt.learning_rate": 1e-3,
+                          "actor_opt.learning_rate": 5e-5, "critic_opt.learning_rate": 1e-3,
                           "rollout.curriculum": "reward_variance",
                           "rollout.curriculum_floor": 0.25, **TINY_PPO},
         },

@@ -18,7 +18,8 @@ One rollout step k (1-based):
      policy loss (`agent.malformed_mask`; the critic still trains on them);
   3. steps k <= `ppo.critic_warmup_steps` (default 4): critic-only updates, actor frozen
      (its parameters stay bit-identical); later steps: `ppo.epochs` passes of joint PPO over
-     `ppo.num_minibatches` shuffled minibatches, separate jitted critic and actor steps;
+     `ppo.num_minibatches` shuffled minibatches, separate jitted critic and actor steps (the
+     critic makes `ppo.critic_epochs` passes when set);
   4. every `eval.every` steps: mean strict success on held-out tasks; every
      `checkpoint.every` steps (and at the end): a full resume checkpoint (`RunCheckpointer`:
      both train states, PRNG key, policy version, data position, divisor table);
@@ -111,6 +112,10 @@ SCHEMA = {
     "advantage.lam": Field(float, "GAE λ", lo=0.0, hi=1.0),
     "ppo.critic_warmup_steps": Field(int, "first rollout steps with critic-only updates", lo=0),
     "ppo.epochs": Field(int, "passes over each rollout batch", lo=1),
+    "ppo.critic_epochs": Field(int, "critic passes over each rollout batch (None: ppo.epochs); "
+                               "more than the actor's, as verl's critic.ppo_epochs, lets a "
+                               "young critic catch up without larger actor steps", lo=1,
+                               optional=True),
     "ppo.num_minibatches": Field(int, "minibatches per epoch (updates per epoch)", lo=1),
     "ppo.num_microbatches": Field(int, "gradient-accumulation slices per minibatch", lo=1),
     "ppo.clip_low": Field(float, "ε_low", lo=0.0, hi=0.999),
@@ -493,12 +498,14 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         critic_only = step <= warmup_steps
         cms, ams = [], []
         np_batch = {k: np.asarray(v) for k, v in batch.items()}
-        for _ in range(p.epochs):
+        critic_epochs = p.critic_epochs or p.epochs
+        for epoch in range(max(p.epochs, critic_epochs)):
             for rows in _minibatch_rows(widths, n_mb, rng, p.length_grouping):
                 mb = _take(np_batch, rows, int(widths[rows].max()))
-                critic, cm = critic_step(critic, mb)
-                cms.append(jax.device_get(cm))
-                if not critic_only:
+                if epoch < critic_epochs:
+                    critic, cm = critic_step(critic, mb)
+                    cms.append(jax.device_get(cm))
+                if not critic_only and epoch < p.epochs:
                     actor, am = actor_step(actor, mb)
                     ams.append(jax.device_get(am))
         if not critic_only:
@@ -523,6 +530,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             "policy_lag_max": int(np.max(lag)) if lag.size else 0,
             "value_ev_pre_update": ev_pre,
             **gap,
+            "critic_updates": len(cms),
+            "actor_updates": len(ams),
             **_mean_metrics(cms, "critic"),
             **_mean_metrics(ams, "actor"),
             "rollout_s": res.stats["elapsed_s"],

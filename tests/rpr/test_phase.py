@@ -156,17 +156,21 @@ def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
 def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
     """ppo.mask_malformed: with an 8-token output budget every reply is cut off, so the joint
     step has no policy-loss token: the actor (no weight decay) stays bit-identical while the
-    critic trains, and the metrics report every generated token as malformed."""
+    critic trains, and the metrics report every generated token as malformed. Also
+    ppo.critic_epochs: 3 critic passes of 2 minibatches per step, 1 actor pass."""
     from terminal_rsi.rpr.phase import _states, model_config
 
     config = _config()
     config.ppo.mask_malformed = True
+    config.ppo.critic_epochs = 3
     config.actor_opt.weight_decay = 0.0
     config.eval.every, config.checkpoint.every = 0, 3
     init_actor, init_critic = (_np(s.params) for s in _states(config, model_config(config)))
     res = run_phase(config, str(tmp_path))
     assert [m["critic_only"] for m in res.metrics] == [True, True, False]
     assert all(m["malformed_token_frac"] == 1.0 for m in res.metrics)
+    assert [m["critic_updates"] for m in res.metrics] == [6, 6, 6]
+    assert [m["actor_updates"] for m in res.metrics] == [0, 0, 2]
     assert res.metrics[-1]["actor/tokens"] == 0.0
     assert _equal(_np(res.actor.params), init_actor)
     assert not _equal(_np(res.critic.params), init_critic)
