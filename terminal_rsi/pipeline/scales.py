@@ -64,7 +64,7 @@ SCALES: dict[str, dict] = {
                     "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
                     "sft.rehearsal_samples": 1,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
-            # rpr: actor lr 5e-5 (at 2e-4, RPR-1 lowered held-out success in 4 of 4 seeds,
+            # rpr: actor lr 5e-5 (at 2e-4, RPR-1 lowered held-out success in 3 of 4 seeds,
             # 50.0 % -> 26.7 % at worst; at 5e-4 rollouts collapsed, docs/pipeline.md) with the
             # reward-variance curriculum; the critic makes 4 passes per batch (with 1, its EV
             # stayed about 0 through warm-up and the critic-only steps); 4 critic-only + 8 joint
