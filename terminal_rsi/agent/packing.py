@@ -151,13 +151,10 @@ def pack_trajectories(trajectories: Sequence[Trajectory], *, buckets=None,
     return batch
 
 
-CUT_OFF_STOPS = ("length", "context")
-
-
 def malformed_mask(batch: PackedBatch, trajectories: Sequence[Trajectory]) -> np.ndarray:
     """[B, L] bool: True on the generated tokens of turns whose reply held no valid action
-    (`Turn.parse_error`) or was cut off by the output or context limit (`stop_reason` in
-    CUT_OFF_STOPS). `trajectories` is the list `batch` was packed from.
+    (`Turn.parse_error`) or was cut off by the output or context limit (`stop_reason`
+    `StopReason.LENGTH` / `CONTEXT`). `trajectories` is the list `batch` was packed from.
 
     The RPR phase can leave these tokens out of the policy loss (`ppo.mask_malformed`; the
     critic still trains on them): the overlong filtering of DAPO (Yu et al., 2025) extended
@@ -165,11 +162,14 @@ def malformed_mask(batch: PackedBatch, trajectories: Sequence[Trajectory]) -> np
     its tokens never receive a negative advantage, which otherwise, on a small model whose
     replies are mostly malformed, pushes the whole reply distribution toward noise.
     """
+    from terminal_rsi.sampling import StopReason
+
+    cut_off = (StopReason.LENGTH.value, StopReason.CONTEXT.value)
     out = np.zeros(batch.gen_mask.shape, bool)
     for i in range(batch.num_rows):
         traj = trajectories[batch.kept[int(batch.row_episode[i])]]
         bad = [ti for ti, t in enumerate(traj.turns)
-               if t.parse_error is not None or t.stop_reason in CUT_OFF_STOPS]
+               if t.parse_error is not None or t.stop_reason in cut_off]
         if bad:
             out[i] = batch.gen_mask[i] & np.isin(batch.turn_ids[i], bad)
     return out

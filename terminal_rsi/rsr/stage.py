@@ -173,14 +173,16 @@ def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: in
 def rehearsal_set(policy, h0, tasks, samples: int, concurrency: int, sandbox=None) -> list:
     """The verified (S = 1) episodes of `samples` runs per task of `policy` under H0: the
     actor's own successes, replayed next to Q_clean in the fine-tune (`sft.rehearsal_samples`).
-    Unguided, so each is its own public view."""
+    Unguided, so each is its own public view. A discovery pass under H0 alone."""
+    from terminal_rsi.rsr.discovery import DiscoveryVariant, discover
+
     if not samples:
         return []
-    launch = [t for t in tasks for _ in range(samples)]
-    trajs = cm.collect(policy, h0, launch, concurrency, sandbox)
-    for t in trajs:
-        t.meta["rehearsal"] = True
-    return [t for t in trajs if t.S == 1]
+    found, _, _ = discover(tasks, [DiscoveryVariant("rehearsal", h0, policy, samples)],
+                           concurrency=concurrency, sandbox=sandbox)
+    for f in found:
+        f.trajectory.meta["rehearsal"] = True
+    return [f.trajectory for f in found]
 
 
 def _per_family(trajs) -> dict[str, int]:
