@@ -39,7 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
         "system_prompt": SHORT_SYSTEM_PROMPT, "max_turns": 3, "max_output_tokens": 256,
         "max_input_tokens": 2048, "summarize_threshold": config_dict.placeholder(int),
         "agent_timeout_s": config_dict.placeholder(float),
-        "temperature": 1.0, "max_observation_chars": 300, "action_style": "compact"})
+        "temperature": 1.0, "max_observation_chars": 300,
+        "max_parse_errors": config_dict.placeholder(int), "action_style": "compact"})
     c.rollout = ml_collections.ConfigDict({
         "concurrency": 8, "cache_multiple": 128, "prefill_chunk": 128, "decode_block": 16})
     c.demos = ml_collections.ConfigDict({"runbook_fraction": 0.6, "curriculum": "none"})

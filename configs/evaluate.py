@@ -29,7 +29,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness = ml_collections.ConfigDict({
         "max_turns": 4, "max_output_tokens": 256, "max_input_tokens": 4096,
         "summarize_threshold": placeholder(int), "agent_timeout_s": placeholder(float), "temperature": 0.6,
-        "top_p": 0.95, "system_prompt": placeholder(str), "max_observation_chars": 8000})
+        "top_p": 0.95, "system_prompt": placeholder(str), "max_observation_chars": 8000,
+        "max_parse_errors": placeholder(int)})
     c.eval = ml_collections.ConfigDict({
         "k": 3, "concurrency": 8, "strata_path": placeholder(str),
         "divisors_path": placeholder(str),

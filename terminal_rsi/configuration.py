@@ -153,6 +153,10 @@ EPISODE_SCHEMA: dict[str, Field] = {
                                          lo=1, optional=True),
     "harness.agent_timeout_s": Field(float, "wall clock per episode (None: the task's)",
                                      lo=0.1, optional=True),
+    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
+    "harness.max_parse_errors": Field(int, "end the episode (parse_errors) at this many "
+                                      "unparseable replies (None: no limit, the paper's)",
+                                      lo=1, optional=True),
 }
 
 # Optional multi-host section; add to an experiment's SCHEMA (`{**BASE_SCHEMA,

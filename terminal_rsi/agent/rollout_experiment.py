@@ -66,11 +66,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     from terminal_rsi.tasks import get_suite, open_task_sandbox
 
     h, r, t = config.harness, config.rollout, config.tasks
-    harness = HarnessConfig(
-        name=h.name, max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
-        max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
-        agent_timeout_s=h.agent_timeout_s, reward_fn=h.reward_fn,
-        sampling=SamplingSettings(temperature=config.policy.temperature),
+    harness = HarnessConfig.from_config(
+        h, sampling=SamplingSettings(temperature=config.policy.temperature),
         verify_backend=t.backend)
     sched = RolloutScheduler(
         _policy(config), harness, lambda task: open_task_sandbox(task, t.backend),

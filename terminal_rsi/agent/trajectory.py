@@ -23,6 +23,8 @@ Terminal reasons and their training policy (`TRAINING_POLICY`):
 | declared_complete   | keep_reward      | the agent ended the episode; the verifier judged it     |
 | max_turns           | keep_reward      | the turn budget is part of the protocol; verified state |
 | agent_timeout       | keep_reward      | the wall-clock budget is part of the protocol likewise  |
+| parse_errors        | keep_reward      | `harness.max_parse_errors` unparseable replies: the     |
+|                     |                  | agent's failure, verified like max_turns                |
 | context_overflow    | keep_bootstrap   | cut by the context limit, not the task: no done, no     |
 |                     |                  | reward; the trainer bootstraps V at the cut             |
 | infrastructure_error| drop             | the sandbox failed: no information about the policy     |
@@ -49,6 +51,7 @@ class TerminalReason(enum.StrEnum):
     MAX_TURNS = "max_turns"
     CONTEXT_OVERFLOW = "context_overflow"
     AGENT_TIMEOUT = "agent_timeout"
+    PARSE_ERRORS = "parse_errors"
     INFRASTRUCTURE_ERROR = "infrastructure_error"
     VERIFIER_ERROR = "verifier_error"
 
@@ -63,6 +66,7 @@ TRAINING_POLICY: dict[TerminalReason, TrainingPolicy] = {
     TerminalReason.DECLARED_COMPLETE: TrainingPolicy.KEEP_REWARD,
     TerminalReason.MAX_TURNS: TrainingPolicy.KEEP_REWARD,
     TerminalReason.AGENT_TIMEOUT: TrainingPolicy.KEEP_REWARD,
+    TerminalReason.PARSE_ERRORS: TrainingPolicy.KEEP_REWARD,
     TerminalReason.CONTEXT_OVERFLOW: TrainingPolicy.KEEP_BOOTSTRAP,
     TerminalReason.INFRASTRUCTURE_ERROR: TrainingPolicy.DROP,
     TerminalReason.VERIFIER_ERROR: TrainingPolicy.DROP,

@@ -66,7 +66,6 @@ SCHEMA = {
     "harness.top_p": Field(float, "nucleus sampling (paper: 0.95)", lo=0.0, hi=1.0),
     "harness.system_prompt": Field(str, "system prompt (None: the harness default); must match "
                                    "the one the weights were trained under", optional=True),
-    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
     "eval.k": Field(int, "independent runs per task (Mean@k)", lo=1),
     "eval.concurrency": Field(int, "episodes in flight", lo=1),
     "eval.strata_path": Field(str, "frozen strata JSON (None: fit on the eval tasks)",
@@ -260,7 +259,6 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
         HarnessConfig,
         RolloutScheduler,
         SamplerPolicy,
-        SamplingSettings,
         SchedulerConfig,
         write_shard,
     )
@@ -274,14 +272,8 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
     sampler = _cached(("sampler", model.config, r.decode_block, buckets),
                       lambda: Sampler(model.graphdef, model.config, decode_block=r.decode_block,
                                       buckets=buckets, pad_id=int(model.tokenizer.pad_id)))
-    harness = HarnessConfig(
-        name="eval", max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
-        max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
-        agent_timeout_s=h.agent_timeout_s, reward_fn=e.reward_fn, divisors=divisors,
-        sampling=SamplingSettings(temperature=h.temperature, top_p=h.top_p),
-        **({"system_prompt": h.system_prompt} if h.system_prompt else {}),
-        max_observation_chars=h.max_observation_chars,
-        verify_backend=config.tasks.backend)
+    harness = HarnessConfig.from_config(h, name="eval", reward_fn=e.reward_fn, divisors=divisors,
+                                         verify_backend=config.tasks.backend)
     out = {}
     for si, (suite, tasks) in enumerate(tasks_by_suite.items()):
         t0 = time.monotonic()

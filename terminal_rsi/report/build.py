@@ -420,10 +420,14 @@ def _draw_progression(ledger: dict, episodes: Sequence[dict], path: pathlib.Path
         ax.legend(fontsize=7)
         source = "drawn from the ledger's eval mean_at_k"
     else:
+        from terminal_rsi.agent.trajectory import TRAINING_POLICY, TrainingPolicy
+
+        # episodes the verifier judged as the policy's outcome (keep_reward reasons)
+        verdicts = {r.value for r, pol in TRAINING_POLICY.items()
+                    if pol == TrainingPolicy.KEEP_REWARD}
         rates = []
         for n in names:
-            eps = [e for e in episodes if e["stage"] == n and e["reason"] in (
-                "declared_complete", "max_turns", "agent_timeout")]
+            eps = [e for e in episodes if e["stage"] == n and e["reason"] in verdicts]
             rates.append(sum(e["S"] for e in eps) / len(eps) if eps else 0.0)
         ax.bar(range(len(names)), rates, color="#4a7bb7")
         ax.set_ylabel("success of shown episodes")

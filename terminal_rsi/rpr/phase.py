@@ -348,7 +348,6 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         HarnessConfig,
         RolloutScheduler,
         SamplerPolicy,
-        SamplingSettings,
         SchedulerConfig,
         malformed_mask,
         pack_trajectories,
@@ -426,13 +425,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     h = config.harness
 
     def harness_for(reward_fn):
-        extra = {"system_prompt": h.system_prompt} if h.get("system_prompt") else {}
-        return HarnessConfig(
-            **extra, max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
-            max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
-            agent_timeout_s=h.agent_timeout_s, reward_fn=reward_fn, divisors=divisors,
-            sampling=SamplingSettings(temperature=h.temperature),
-            verify_backend=config.tasks.backend)
+        return HarnessConfig.from_config(h, reward_fn=reward_fn, divisors=divisors,
+                                          verify_backend=config.tasks.backend)
 
     def sandbox(task):
         return open_task_sandbox(task, config.tasks.backend)

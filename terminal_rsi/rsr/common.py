@@ -34,7 +34,6 @@ HARNESS_SCHEMA = {
     "harness.system_prompt": Field(str, "system prompt of the target harness H0 (None: the "
                                    "harness default)", optional=True),
     "harness.temperature": Field(float, "sampling temperature of the target harness", lo=0.0),
-    "harness.max_observation_chars": Field(int, "observation cap (head and tail kept)", lo=1),
     "harness.action_style": Field(str, "JSON action style of demonstrations and external "
                                   "policies: compact ({\"commands\":[...]}) or full "
                                   "(analysis, keystrokes, timeout)",
@@ -77,19 +76,11 @@ class StageError(RuntimeError):
 
 def harness_from_config(config, **overrides):
     """The target harness H0 from `config.harness` (+ `overrides`, e.g. reward_fn)."""
-    from terminal_rsi.agent import HarnessConfig, SamplingSettings
-    from terminal_rsi.agent.harness import DEFAULT_SYSTEM_PROMPT
+    from terminal_rsi.agent import HarnessConfig
 
-    h = config.harness
-    kw: dict[str, Any] = dict(
-        name="H0", system_prompt=h.system_prompt or DEFAULT_SYSTEM_PROMPT,
-        max_turns=h.max_turns, max_output_tokens=h.max_output_tokens,
-        max_input_tokens=h.max_input_tokens, summarize_threshold=h.summarize_threshold,
-        agent_timeout_s=h.agent_timeout_s, max_observation_chars=h.max_observation_chars,
-        sampling=SamplingSettings(temperature=h.temperature), reward_fn="binary",
-        verify_backend=config.tasks.backend)
-    kw.update(overrides)
-    return HarnessConfig(**kw)
+    return HarnessConfig.from_config(config.harness, **{
+        "name": "H0", "reward_fn": "binary", "verify_backend": config.tasks.backend,
+        **overrides})
 
 
 def demo_action(task, turn: int, style: str = "compact") -> str:

@@ -62,6 +62,48 @@ def test_malformed_action_is_an_observation_and_the_episode_goes_on():
     assert traj.declared_complete_turn == 1
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+def test_max_parse_errors_ends_the_episode_and_it_is_verified(limit):
+    task = _task("create_file")
+    # turns alternate: unparseable, a parseable no-op, unparseable, ... (errors need not be
+    # consecutive to count)
+    pol = ScriptedPolicy(TOK, lambda r: "not JSON" if r.turn % 2 == 0
+                         else '{"commands": [{"keystrokes": "true"}]}')
+    traj = run_episode(task, pol, harness=HarnessConfig(max_turns=6, max_parse_errors=limit))
+    assert traj.terminal_reason == TerminalReason.PARSE_ERRORS
+    assert len(traj.turns) == 2 * limit - 1
+    assert [bool(t.parse_error) for t in traj.turns].count(True) == limit
+    assert traj.turns[-1].observation_ids == []  # no error observation after the last turn
+    assert traj.S == 0 and traj.report is not None
+    batch = pack_trajectories([traj], buckets=BUCKETS)
+    assert batch.dones.sum() == 1  # keep_reward, like max_turns
+
+
+def test_without_max_parse_errors_the_turn_budget_ends_the_episode():
+    pol = ScriptedPolicy(TOK, lambda r: "not JSON")
+    traj = run_episode(_task("create_file"), pol, harness=HarnessConfig(max_turns=3))
+    assert traj.terminal_reason == TerminalReason.MAX_TURNS and len(traj.turns) == 3
+    with pytest.raises(ValueError, match="max_parse_errors"):
+        HarnessConfig(max_parse_errors=0)
+
+
+def test_harness_from_config_section():
+    section = {"max_turns": 3, "max_output_tokens": 64, "max_input_tokens": 512,
+               "summarize_threshold": None, "agent_timeout_s": None, "temperature": 0.6,
+               "top_p": 0.9, "system_prompt": None, "max_observation_chars": 300,
+               "max_parse_errors": 1, "action_style": "compact"}
+    h = HarnessConfig.from_config(section, name="eval", reward_fn="binary")
+    assert (h.name, h.max_turns, h.max_output_tokens, h.max_input_tokens) == ("eval", 3, 64, 512)
+    assert h.summarize_threshold is None and h.agent_timeout_s is None
+    assert h.max_observation_chars == 300 and h.max_parse_errors == 1
+    assert (h.sampling.temperature, h.sampling.top_p) == (0.6, 0.9)
+    assert h.system_prompt == HarnessConfig().system_prompt and h.reward_fn == "binary"
+    h2 = HarnessConfig.from_config({**section, "system_prompt": "Be brief."}, max_turns=1)
+    assert h2.system_prompt == "Be brief." and h2.max_turns == 1
+    # keys the section lacks keep the HarnessConfig defaults
+    assert HarnessConfig.from_config({"max_turns": 2}).max_observation_chars == 8000
+
+
 def test_max_turns_is_verified_and_rewarded():
     task = _task("create_file")
     pol = ScriptedPolicy(TOK, lambda r: '{"commands": [{"keystrokes": "true"}]}')
