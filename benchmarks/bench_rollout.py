@@ -1,7 +1,9 @@
-"""Rollout throughput: episodes/min and generated tokens/s, 1 vs N concurrent episodes, and
-one-batch-ahead asynchronous step time against max(rollout, update).
+"""Rollout throughput: episodes/min and generated tokens/s, 1 vs N concurrent episodes,
+one-batch-ahead asynchronous step time against max(rollout, update), and the cost of
+unparseable replies with and without `HarnessConfig.max_parse_errors`.
 
     python benchmarks/bench_rollout.py [--episodes 16] [--concurrency 16] [--max-new 32]
+    python benchmarks/bench_rollout.py --parse-errors      # only the max_parse_errors table
 
 The policy is the `tiny` preset (random weights, byte tokenizer) through the jitted KV-cache
 sampler, on built-in tasks with local sandboxes; every episode runs the full harness and the
@@ -22,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from terminal_rsi.agent import HarnessConfig, ReferencePolicy, SamplerPolicy  # noqa: E402
@@ -84,6 +87,52 @@ def latency_rows(args, tok):
               f"{mb:.1f} | {calls:.0f} |")
 
 
+def parse_error_rows(args, policy, tok):
+    """Episodes whose every reply is unparseable (the random tiny model), 3 turns, with no
+    parse-error limit (the paper's harness: each error becomes an observation) vs
+    `max_parse_errors = 1`: rollout wall time, packed tokens, and a jitted critic forward over
+    the packed batch (the update's per-token cost scales the same way)."""
+    from timing import best_of
+
+    from terminal_rsi import ppo_step as ps
+    from terminal_rsi import sharding as shd
+    from terminal_rsi.agent import pack_trajectories
+    from terminal_rsi.models.transformer import ValueModel
+    from terminal_rsi.train_state import OptimizerConfig, create_train_state
+
+    cfg = get_model_config("tiny")
+    critic = create_train_state(ValueModel, cfg, OptimizerConfig(1e-3), shd.make_mesh({}),
+                                seed=1)
+    value_fn = ps.make_value_fn()
+    buckets = Buckets(prefill_chunk=128, cache_multiple=128)
+    rows = []
+    for limit in (None, 1):
+        harness = HarnessConfig(max_turns=3, max_output_tokens=args.max_new,
+                                max_observation_chars=300, max_parse_errors=limit)
+        sched = RolloutScheduler(policy, harness, config=SchedulerConfig(
+            concurrency=args.concurrency, oversample=0.0, max_batch_wait_s=0.05))
+        sched.collect(tasks(args.episodes, 7000), args.episodes)  # compile this setting
+        res = sched.collect(tasks(args.episodes, 8000), args.episodes)
+        packed = pack_trajectories(res.trajectories, buckets=buckets)
+        batch = {k: jnp.asarray(getattr(packed, k))
+                 for k in ("tokens", "positions", "segment_ids")}
+        value_fn(critic, batch).block_until_ready()
+        fwd = best_of(lambda b=batch: value_fn(critic, b).block_until_ready())
+        n_err = sum(bool(t.parse_error) for tr in res.trajectories for t in tr.turns)
+        rows.append((limit, res.stats["elapsed_s"],
+                     float(np.mean([len(tr.turns) for tr in res.trajectories])),
+                     int((packed.segment_ids > 0).sum()), packed.tokens.shape, fwd, n_err))
+    print()
+    print(f"unparseable replies ({args.episodes} episodes, 3 turns, {args.max_new} tokens max)")
+    print("| max_parse_errors | rollout s | turns/episode | parse errors | packed tokens | "
+          "packed [B, L] | critic forward s | rollout ratio | tokens ratio | forward ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    b = rows[0]
+    for limit, wall, turns, tokens, shape, fwd, n_err in rows:
+        print(f"| {limit} | {wall:.1f} | {turns:.1f} | {n_err} | {tokens} | {list(shape)} | "
+              f"{fwd:.3f} | {wall / b[1]:.2f}x | {tokens / b[3]:.2f}x | {fwd / b[5]:.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=16)
@@ -93,6 +142,8 @@ def main():
     ap.add_argument("--async-steps", type=int, default=3)
     ap.add_argument("--skip-model", action="store_true",
                     help="only the latency-bound scheduler rows")
+    ap.add_argument("--parse-errors", action="store_true",
+                    help="only the max_parse_errors rows")
     args = ap.parse_args()
 
     tok = ByteTokenizer()
@@ -104,6 +155,9 @@ def main():
     sampler = Sampler(graphdef, cfg, decode_block=16,
                       buckets=Buckets(prefill_chunk=256, cache_multiple=1024))
     policy = SamplerPolicy(sampler, nnx.to_pure_dict(state), tok, seed=0)
+    if args.parse_errors:
+        parse_error_rows(args, policy, tok)
+        return
     harness = HarnessConfig(max_turns=args.turns, max_output_tokens=args.max_new)
 
     # Compile every batch bucket once up front (the cross-episode batch size varies with
@@ -146,6 +200,7 @@ def main():
               f"{r[6]:.2f}x | {r[7]:.2f}x | {r[8]} |")
 
     latency_rows(args, tok)
+    parse_error_rows(args, policy, tok)
 
     # ---- async: one batch ahead vs synchronous
     b = min(8, args.concurrency)
