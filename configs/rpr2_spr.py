@@ -37,7 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
         "backend": "local"})
     c.harness = ml_collections.ConfigDict({
         "max_turns": placeholder(int), "max_output_tokens": placeholder(int),
-        "max_input_tokens": placeholder(int)})
+        "max_input_tokens": placeholder(int), "max_parse_errors": placeholder(int)})
     c.eval = ml_collections.ConfigDict({
         "k": 3, "n_per_family": placeholder(int), "heldout_families": placeholder(tuple),
         "concurrency": placeholder(int), "temperature": 0.6, "top_p": 0.95})

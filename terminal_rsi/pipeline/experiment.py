@@ -72,6 +72,9 @@ SCHEMA = _Schema({
                                        optional=True),
     "harness.max_input_tokens": Field(int, "tokens per call (None: the scale's)", lo=1,
                                       optional=True),
+    "harness.max_parse_errors": Field(int, "end an episode at this many unparseable replies "
+                                      "(None: the scale's; 0: no limit, the paper's harness)",
+                                      lo=0, optional=True),
     "eval.k": Field(int, "independent runs per task (Mean@k)", lo=1),
     "eval.n_per_family": Field(int, "eval instances per family (None: the scale's)", lo=1,
                                optional=True),

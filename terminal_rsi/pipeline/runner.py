@@ -228,6 +228,8 @@ class Pipeline:
         h = {**s.get("harness", {}), **{k: v for k, v in c.harness.items() if v is not None}}
         if c.model != "tiny":  # a pretrained model keeps its own chat habits: default prompt
             h.pop("system_prompt", None)
+        if h.get("max_parse_errors") == 0:  # 0 on the command line: no limit (None)
+            h["max_parse_errors"] = None
         out.update({f"harness.{k}": v for k, v in h.items()})
         return out
 

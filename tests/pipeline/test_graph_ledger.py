@@ -57,6 +57,21 @@ def test_resolved_stage_configs_follow_the_handoff_rules(tmp_path):
     assert shapes == {(16, 1, 32)}
 
 
+def test_max_parse_errors_reaches_every_episode_stage_and_eval(tmp_path):
+    c = get_config()  # the default scale: episodes end at the first parse error
+    validate_config(c, SCHEMA)
+    p = Pipeline(resolved(c), str(tmp_path / "a"))
+    stages = ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rpr2_spr")
+    assert {p.stage_config(n).harness.max_parse_errors for n in stages} == {1}
+    assert p.eval_base_config().harness.max_parse_errors == 1
+    assert p.stage_config("rpr1_fdr").harness.max_observation_chars == 300
+    c.harness.max_parse_errors = 0  # 0: no limit, the paper's harness
+    validate_config(c, SCHEMA)
+    p = Pipeline(resolved(c), str(tmp_path / "b"))
+    assert all(p.stage_config(n).harness.max_parse_errors is None for n in stages)
+    assert p.eval_base_config().harness.max_parse_errors is None
+
+
 def test_config_hash_invalidates_downstream_only(tmp_path):
     a = Pipeline(_config(), str(tmp_path / "a"))
     c = _config()
