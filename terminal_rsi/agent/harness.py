@@ -75,7 +75,7 @@ class HarnessConfig:
     name: recorded in each trajectory. system_prompt, hints: the instructions (hints are
     appended to the system prompt as a list). sampling: temperature/top-p/top-k.
     max_output_tokens: per turn (paper: 8192). max_input_tokens: per call (paper: 96000).
-    max_turns: turn budget. agent_timeout_s: wall clock (None: the task's).
+    max_turns: turn budget. agent_timeout_s: wall clock, replacing the task's (None: the task's).
     summarize_threshold: context tokens that trigger summarization (paper: 32000; None: off).
     summarizer: None (the policy summarizes) or a callable(history_text) -> summary text.
     max_observation_chars: observation cap (head and tail kept).
@@ -388,8 +388,9 @@ def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | No
     traj = Trajectory(task_id=task.id, family=task.family, harness=harness.name,
                       policy_version=version, episode_id=uuid.uuid4().hex[:12],
                       reward_fn=harness.reward_fn, timings=timings)
-    budget = task.agent_timeout_s if harness.agent_timeout_s is None \
-        else min(harness.agent_timeout_s, task.agent_timeout_s)
+    # the harness's clock, when set, replaces the task's (e.g. a slow CPU model evaluated on
+    # tasks timed for an accelerator, configs/eval_smollm2.py); None: the task's
+    budget = task.agent_timeout_s if harness.agent_timeout_s is None else harness.agent_timeout_s
     deadline = t_start + budget
 
     def cancelled():

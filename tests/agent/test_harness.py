@@ -180,6 +180,25 @@ def test_agent_timeout():
     assert traj.report is not None  # verified as is
 
 
+def test_harness_clock_replaces_the_tasks():
+    # a task timed at 0.3 s, a policy that needs 0.2 s per call: the task's clock ends the
+    # episode; the harness's longer clock (a slow model on tasks timed for a fast one) does not
+    import dataclasses
+    import time
+
+    task = dataclasses.replace(_task("create_file"), agent_timeout_s=0.3)
+
+    def slow(r):
+        time.sleep(0.2)
+        return '{"commands": [{"keystrokes": "true"}]}'
+
+    short = run_episode(task, ScriptedPolicy(TOK, slow), harness=HarnessConfig(max_turns=3))
+    assert short.terminal_reason == TerminalReason.AGENT_TIMEOUT and len(short.turns) < 3
+    long = run_episode(task, ScriptedPolicy(TOK, slow),
+                       harness=HarnessConfig(max_turns=3, agent_timeout_s=30.0))
+    assert long.terminal_reason == TerminalReason.MAX_TURNS and len(long.turns) == 3
+
+
 def test_infrastructure_and_verifier_errors_are_dropped():
     task = _task("create_file")
 
