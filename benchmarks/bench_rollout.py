@@ -87,7 +87,7 @@ def latency_rows(args, tok):
               f"{mb:.1f} | {calls:.0f} |")
 
 
-def parse_error_rows(args, policy, tok):
+def parse_error_rows(args, policy):
     """Episodes whose every reply is unparseable (the random tiny model), 3 turns, with no
     parse-error limit (the paper's harness: each error becomes an observation) vs
     `max_parse_errors = 1`: rollout wall time, packed tokens, and a jitted critic forward over
@@ -156,7 +156,7 @@ def main():
                       buckets=Buckets(prefill_chunk=256, cache_multiple=1024))
     policy = SamplerPolicy(sampler, nnx.to_pure_dict(state), tok, seed=0)
     if args.parse_errors:
-        parse_error_rows(args, policy, tok)
+        parse_error_rows(args, policy)
         return
     harness = HarnessConfig(max_turns=args.turns, max_output_tokens=args.max_new)
 
@@ -200,7 +200,7 @@ def main():
               f"{r[6]:.2f}x | {r[7]:.2f}x | {r[8]} |")
 
     latency_rows(args, tok)
-    parse_error_rows(args, policy, tok)
+    parse_error_rows(args, policy)
 
     # ---- async: one batch ahead vs synchronous
     b = min(8, args.concurrency)

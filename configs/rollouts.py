@@ -19,7 +19,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness = ml_collections.ConfigDict({
         "name": "json-linear", "max_turns": 8, "max_output_tokens": 2048,
         "max_input_tokens": 16384, "summarize_threshold": 8192, "agent_timeout_s": None,
-        "max_observation_chars": 8000, "max_parse_errors": config_dict.placeholder(int), "reward_fn": "fdr"})
+        "max_observation_chars": 8000, "max_parse_errors": config_dict.placeholder(int),
+        "reward_fn": "fdr"})
     c.rollout = ml_collections.ConfigDict({
         "batch_size": 8, "concurrency": 8, "oversample": 0.125, "keep_stragglers": False,
         "progress": True})

@@ -30,7 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness = ml_collections.ConfigDict({
         "max_turns": 1, "max_output_tokens": 16, "max_input_tokens": 4096,
         "summarize_threshold": None, "agent_timeout_s": None, "temperature": 1.0,
-        "system_prompt": None, "max_observation_chars": 8000, "max_parse_errors": config_dict.placeholder(int)})
+        "system_prompt": None, "max_observation_chars": 8000,
+        "max_parse_errors": config_dict.placeholder(int)})
     c.rewards = ml_collections.ConfigDict({"fn": "fdr", "divisors_path": None})
     c.rollout = ml_collections.ConfigDict({
         "batch_size": 4, "concurrency": 4, "oversample": 0.0, "cache_multiple": 512,
