@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -203,6 +204,9 @@ class HFTokenizer:
         self.pad_id = self._id(pad_token) if pad_token else self.eos_id
         self.stop_ids = tuple(dict.fromkeys([self.eos_id] + [self._id(t) for t in stop_tokens]))
         self.add_bos = add_bos
+        # encode() toggles the shared `encode_special_tokens` flag: one encode at a time, so
+        # that concurrent episodes (threads) never render a template with specials as text
+        self._encode_lock = threading.Lock()
 
     def _id(self, token: str) -> int:
         i = self.tok.token_to_id(token)
@@ -214,15 +218,15 @@ class HFTokenizer:
         return self._id(token)
 
     def encode(self, text: str, allow_special: bool = False) -> list[int]:
-        """Ids of `text`. Without allow_special, special-token strings are split as text."""
-        if allow_special:
-            return list(self.tok.encode(text, add_special_tokens=False).ids)
-        # encode_special_tokens=True makes the tokenizer treat special strings as plain text.
-        self.tok.encode_special_tokens = True
-        try:
-            return list(self.tok.encode(text, add_special_tokens=False).ids)
-        finally:
-            self.tok.encode_special_tokens = False
+        """Ids of `text`. Without allow_special, special-token strings are split as text.
+        Thread-safe."""
+        with self._encode_lock:
+            # encode_special_tokens=True makes the tokenizer treat special strings as text
+            self.tok.encode_special_tokens = not allow_special
+            try:
+                return list(self.tok.encode(text, add_special_tokens=False).ids)
+            finally:
+                self.tok.encode_special_tokens = False
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)

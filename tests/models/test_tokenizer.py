@@ -101,3 +101,22 @@ def test_missing_template_and_file_errors(trained, tmp_path):
         HFTokenizer.from_file(str(tmp_path / "nope.json"))
     with pytest.raises(TokenizerError, match="not in the vocabulary"):
         HFTokenizer(tok, eos_token="<|missing|>")
+
+
+def test_hf_encode_is_thread_safe(trained):
+    """Episodes run in threads: a script's plain-text encode (special strings as text) must
+    never leak into a concurrent template render (special strings as control tokens)."""
+    import concurrent.futures as cf
+
+    tok, folder = trained
+    hf = HFTokenizer.from_file(str(folder))
+    msgs = [{"role": "user", "content": "hi"}]
+    want_render = hf.render(msgs)
+    want_plain = hf.encode("a <|im_end|> b " * 20)
+
+    def work(i):
+        return hf.render(msgs) if i % 2 else hf.encode("a <|im_end|> b " * 20)
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(work, range(400)))
+    assert all(g == (want_render if i % 2 else want_plain) for i, g in enumerate(got))
