@@ -104,7 +104,9 @@ def make_all(run_dir: str, ledger: dict) -> list[str]:
     # training curves: one row per stage, each on its own step axis
     trained = [(s["name"], _rows(os.path.join(run_dir, s["dir"], "metrics.jsonl")))
                for s in stages if s.get("status") == "done"]
-    trained = [(n, r) for n, r in trained if r]
+    # rows without a numeric series (an RSR stage whose Q_clean was empty logs only
+    # "skipped") get no row of their own
+    trained = [(n, r) for n, r in trained if r and _keys_for(r)]
     if trained:
         ncol = max(len(_keys_for(r)) for _, r in trained)
         fig, axes = plt.subplots(len(trained), ncol, figsize=(3.2 * ncol, 2.3 * len(trained)),
