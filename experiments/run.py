@@ -47,6 +47,9 @@ def main(argv: list[str]) -> None:
             raise ConfigError("config.experiment is missing; the config must name its experiment")
         experiment = registry.get_experiment(experiment_name)
         validate_config(config, experiment.SCHEMA)
+        from terminal_rsi.models.loading import check_model_source
+
+        check_model_source(config)  # config.model.gguf names a model that exists
     except ConfigError as e:
         _fail(str(e))
     if "distributed" in config or os.environ.get("TERMINAL_RSI_DISTRIBUTED"):  # multi-host

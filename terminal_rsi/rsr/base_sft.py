@@ -119,14 +119,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     from terminal_rsi.agent import write_shard
     from terminal_rsi.checkpoint import export_weights
     from terminal_rsi.losses import Aggregation
+    from terminal_rsi.models.loading import load_model
     from terminal_rsi.models.transformer import critic_params_from_actor
-    from terminal_rsi.rpr.phase import byte_model, config_tasks
+    from terminal_rsi.rpr.phase import config_tasks
     from terminal_rsi.rsr.sft import make_sft_step, train_sft
     from terminal_rsi.sampling import Buckets
 
     t_start = time.monotonic()
     export, trajdir = cm.stage_dirs(workdir)
-    tok, mcfg = byte_model(config, cm.StageError)
+    model = load_model(config)  # byte preset, or model.gguf: its tokenizer, template, shape
+    tok, mcfg = model.tokenizer, model.config
     rng = np.random.default_rng(config.seed)
     tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family,
                          cm.StageError)

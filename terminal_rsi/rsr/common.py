@@ -1,5 +1,10 @@
 """Pieces shared by the `rsr` and `base_sft` stages: config schema parts, the harness built
-from config, demonstration actions, actor creation, episode collection and exports."""
+from config, demonstration actions, actor creation, episode collection and exports.
+
+The model (tokenizer, chat template, shape, initial weights) comes from
+`terminal_rsi.models.loading` like every other stage's: the byte-level preset, or `model.gguf`
+with its own tokenizer and chat template, which then renders every prompt of the stage
+(discovery, planning, fresh execution, the SFT rows)."""
 
 from __future__ import annotations
 
@@ -12,19 +17,14 @@ from typing import Any
 import numpy as np
 
 from terminal_rsi.configuration import Field
-from terminal_rsi.rpr.phase import MODEL_FIELDS
+from terminal_rsi.models.loading import MODEL_SCHEMA  # noqa: F401  (part of the stage schemas)
 
 SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
                        '{"commands":["<shell command>"],"task_complete":true}')
 
-MODEL_SCHEMA = {
-    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS)"),
-    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep)", lo=1,
-                           optional=True) for k in MODEL_FIELDS},
-}
 INIT_SCHEMA = {
-    "init.actor_weights": Field(str, "export dir with actor weights (None: random init)",
-                                optional=True),
+    "init.actor_weights": Field(str, "export dir with actor weights (None: model.gguf's "
+                                "weights, or a random init)", optional=True),
     "init.critic_weights": Field(str, "export dir with critic weights (rsr: re-exported "
                                  "unchanged; None: critic_params_from_actor of the input "
                                  "actor; base_sft: ignored, its critic is always "
@@ -161,18 +161,16 @@ def with_optimizer(state, opt):
 
 
 def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):
-    """A DecoderLM TrainState (random init from `seed`, or init.actor_weights); its optimizer
+    """A DecoderLM TrainState (init.actor_weights, else model.gguf's weights, else a random
+    init from `seed`: `terminal_rsi.models.loading.initial_actor_params`); its optimizer
     follows `opt_section` over `total_steps` SFT steps (`optimizer_config`)."""
-    from terminal_rsi.checkpoint import import_weights
+    from terminal_rsi.models.loading import initial_actor_params
     from terminal_rsi.models.transformer import DecoderLM
     from terminal_rsi.train_state import create_train_state
 
     opt = optimizer_config(opt_section, total_steps)
-    actor = create_train_state(DecoderLM, mcfg, opt, seed=seed)
-    if config.init.actor_weights:
-        actor = actor.replace(params=import_weights(config.init.actor_weights, "actor",
-                                                    actor.params))
-    return actor
+    return create_train_state(DecoderLM, mcfg, opt, seed=seed,
+                              params=initial_actor_params(config, mcfg))
 
 
 def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
@@ -180,11 +178,12 @@ def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
     from terminal_rsi.sampling import Buckets, Sampler
 
     r = config.rollout
-    key = ("sampler", mcfg, r.decode_block, r.prefill_chunk, r.cache_multiple)
+    pad = int(tokenizer.pad_id)
+    key = ("sampler", mcfg, r.decode_block, r.prefill_chunk, r.cache_multiple, pad)
     if key not in cache:
         cache[key] = Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
                              buckets=Buckets(prefill_chunk=r.prefill_chunk,
-                                             cache_multiple=r.cache_multiple))
+                                             cache_multiple=r.cache_multiple), pad_id=pad)
     return SamplerPolicy(cache[key], actor.params, tokenizer, seed=seed)
 
 

@@ -205,10 +205,11 @@ def _tree_equal(a, b) -> bool:
 
 def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     from terminal_rsi.agent import SamplingSettings, write_shard
-    from terminal_rsi.checkpoint import export_weights, import_weights
+    from terminal_rsi.checkpoint import export_weights
     from terminal_rsi.losses import Aggregation
+    from terminal_rsi.models.loading import import_params, load_model
     from terminal_rsi.models.transformer import critic_params_from_actor
-    from terminal_rsi.rpr.phase import byte_model, config_tasks
+    from terminal_rsi.rpr.phase import config_tasks
     from terminal_rsi.rsr.discovery import discover
     from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
     from terminal_rsi.rsr.planner import make_planner
@@ -224,14 +225,14 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
 
     t_start = time.monotonic()
     export, trajdir = cm.stage_dirs(workdir)
-    tok, mcfg = byte_model(config, cm.StageError)
+    model = load_model(config)  # byte preset, or model.gguf: its tokenizer, template, shape
+    tok, mcfg = model.tokenizer, model.config
     rng = np.random.default_rng(config.seed)
     cache: dict = {}
     actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed)
     # the critic passes through unchanged (Δφ = 0): a host copy of the input weights
-    critic_template = critic_params_from_actor(actor.params)
-    critic_in = (import_weights(config.init.critic_weights, "critic", critic_template)
-                 if config.init.critic_weights else critic_template)
+    critic_in = (import_params(config.init.critic_weights, "critic", mcfg)
+                 if config.init.critic_weights else critic_params_from_actor(actor.params))
     critic_in = jax.device_get(critic_in)
     critic_ref = jax.tree.map(lambda x: np.array(x, copy=True), critic_in)
     h0 = cm.harness_from_config(config)
@@ -343,7 +344,7 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
 
     export_weights(export, "actor", actor.params, force=True)
     export_weights(export, "critic", critic_in, force=True)
-    critic_out = jax.device_get(import_weights(export, "critic", critic_template))
+    critic_out = jax.device_get(import_params(export, "critic", mcfg))
     identical = _tree_equal(critic_ref, critic_in) and _tree_equal(critic_ref, critic_out)
     if not identical:
         raise CriticChanged("the exported critic differs from the stage's input critic; an "

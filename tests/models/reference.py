@@ -173,3 +173,17 @@ def write_gguf(path: str, hf_weights: dict, cfg, tok) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_tiny_gguf(path: str, seed: int = 0, **dims):
+    """A tiny llama-architecture GGUF at `path`: a byte-level BPE (`train_bpe`, ChatML special
+    tokens and CHAT_TEMPLATE) and random weights of a 1-layer model (`dims` override
+    d_model 16, n_layers 1, n_heads 2, n_kv_heads 1, head_dim 8, d_ff 32, max_seq_len 2048).
+    Returns (ModelConfig, HF-named weights, the `tokenizers.Tokenizer`)."""
+    tok = train_bpe()
+    shape = {"d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "head_dim": 8,
+             "d_ff": 32, "max_seq_len": 2048, **dims}
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(with_added_tokens=True), **shape)
+    w = random_hf_weights(cfg, seed=seed)
+    write_gguf(path, w, cfg, tok)
+    return cfg, w, tok

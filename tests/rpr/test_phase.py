@@ -280,3 +280,46 @@ def test_scalar_writer_without_tensorboardx_warns_once(tmp_path, monkeypatch, ca
         assert not w.enabled
     assert capsys.readouterr().err.count("tensorboardX is not installed") == 1
     assert not (tmp_path / "tb").exists()
+
+
+def test_phase_from_a_gguf_model(tmp_path):
+    """model.gguf without init weights: the phase samples with the GGUF's tokenizer and chat
+    template, starts its actor from the GGUF's weights and its critic from
+    critic_params_from_actor of them (ValueModel of the same shape); the actor stays
+    bit-identical through the critic-only step and moves in the joint one."""
+    pytest.importorskip("gguf")
+    from terminal_rsi.models import weights
+    from terminal_rsi.models.loading import load_model
+    from terminal_rsi.models.transformer import critic_params_from_actor
+    from terminal_rsi.rpr.phase import _states
+    from tests.models.reference import write_tiny_gguf
+
+    path = str(tmp_path / "tiny.gguf")
+    write_tiny_gguf(path, seed=2)
+    config = _config()
+    config.model.gguf = path
+    config.num_steps, config.ppo.critic_warmup_steps = 2, 1
+    config.eval.every, config.checkpoint.every = 0, 2
+    validate_config(config, SCHEMA)
+    model = load_model(config)
+    mcfg = model.config
+    assert (mcfg.d_model, mcfg.max_seq_len) == (16, 512)  # GGUF shape, the config's length
+    gguf_actor = _np(weights.load_gguf_params(path, mcfg)[1])
+    actor, critic = _states(config, mcfg)
+    assert _equal(_np(actor.params), gguf_actor)
+    assert _equal(_np(critic.params), _np(critic_params_from_actor(gguf_actor)))
+    first = {}
+    res = run_phase(config, str(tmp_path / "w"), on_step=lambda s, a, c, row: first.update(
+        {s: _np(a.params)}))
+    assert [m["critic_only"] for m in res.metrics] == [True, False]
+    assert _equal(first[1], gguf_actor) and not _equal(first[2], gguf_actor)
+    assert all(m["logprob_gap_max_abs"] < 1e-2 for m in res.metrics)
+    tok = model.tokenizer
+    for step in (1, 2):
+        for t in read_shard(os.path.join(tmp_path, "w", "trajectories",
+                                         f"step_{step:05d}.jsonl")):
+            prompt = tok.decode(t.turns[0].prompt_ids)
+            assert prompt.startswith("<|im_start|>system\nReply with one JSON action."
+                                     "<|im_end|>\n<|im_start|>user\n")
+            assert prompt.endswith("<|im_start|>assistant\n")
+            assert all(0 <= i < tok.vocab_size for i in t.turns[0].sampled_ids)

@@ -30,7 +30,7 @@ def tiny_stage_config(**over) -> ml_collections.ConfigDict:
     from configs.rsr1 import get_config
 
     c = get_config()
-    c.model = ml_collections.ConfigDict(TINY_MODEL)
+    c.model = ml_collections.ConfigDict({**TINY_MODEL, "gguf": None})
     c.tasks.families = ("count_lines",)
     c.tasks.n_per_family = 2
     c.harness.max_turns = 1

