@@ -63,20 +63,24 @@ SCALES: dict[str, dict] = {
             # steps overfit it: NLL 0.02 -> 2e-5, held-out 31.7 % -> 25.0 %)
             # self-rehearsal (1 H0 sample per task, its successes join Q_clean): Q_clean holds
             # 2-5 families, and fine-tuning on it alone lost sort_uniq (6/6 -> 1/6) in a seed
-            # whose Q_clean lacked it
+            # whose Q_clean lacked it (a 2-step lr warm-up against the fresh Adam's first
+            # full-rate step was measured and not kept: 3 seeds ended 7.7 points above the base
+            # instead of 10.6, docs/pipeline.md)
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
                     "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
                     "sft.rehearsal_samples": 1,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
-            # rpr: actor lr 5e-5 (at 2e-4, RPR-1 lowered held-out success in 3 of 4 seeds,
-            # 50.0 % -> 26.7 % at worst; at 5e-4 rollouts collapsed, docs/pipeline.md) with the
+            # rpr: actor lr 1e-4 for RPR-1 (RPR-2: 2e-5). From the same RSR-1 actors of 3 seeds,
+            # RPR-1 at 1e-4 gave +8.3 / 0.0 / +6.7 points of held-out success; at 2e-4 it lost
+            # 3.3 / 28.3 / 10.0 (rollouts turned malformed); at 5e-5 it only reached the base's
+            # pass@3 and RPR-2 at 1e-5 moved nothing (docs/pipeline.md). With the
             # reward-variance curriculum; the critic makes 4 passes per batch (with 1, its EV
             # stayed about 0 through warm-up and the critic-only steps); 4 critic-only + 8 joint
             "rpr_phase": {"num_steps": 12, "tasks.n_per_family": 4, "rollout.batch_size": 16,
                           "rollout.concurrency": 16, "ppo.num_minibatches": 2,
                           "ppo.critic_epochs": 4,
                           "eval.every": 0, "eval.num_tasks": 10, "checkpoint.every": 6,
-                          "actor_opt.learning_rate": 5e-5, "critic_opt.learning_rate": 1e-3,
+                          "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 1e-3,
                           "rollout.curriculum": "reward_variance",
                           "rollout.curriculum_floor": 0.25, **TINY_PPO},
         },
