@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
         "kl_coef": 0.0, "normalize_advantages": False, "length_grouping": True,
         "mask_malformed": False})
     c.actor_opt = ml_collections.ConfigDict({
-        "learning_rate": 1e-4, "weight_decay": 0.1, "grad_clip": 1.0})
+        "learning_rate": 1e-4, "weight_decay": 0.1, "grad_clip": 1.0, "warmup_steps": 0})
     c.critic_opt = ml_collections.ConfigDict({
         "learning_rate": 1e-3, "weight_decay": 0.1, "grad_clip": 100.0})
     c.eval = ml_collections.ConfigDict({"every": 3, "num_tasks": 2})

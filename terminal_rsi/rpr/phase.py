@@ -142,6 +142,10 @@ SCHEMA = {
     "actor_opt.learning_rate": Field(float, "actor lr", lo=0.0),
     "actor_opt.weight_decay": Field(float, "actor AdamW weight decay", lo=0.0),
     "actor_opt.grad_clip": Field(float, "actor global-norm clip", lo=0.0, optional=True),
+    "actor_opt.warmup_steps": Field(int, "linear actor-lr warm-up over the first N actor "
+                                    "updates of the phase (0: the full rate from the first; a "
+                                    "fresh Adam's first update moves every weight by ~lr)",
+                                    lo=0),
     "critic_opt.learning_rate": Field(float, "critic lr", lo=0.0),
     "critic_opt.weight_decay": Field(float, "critic AdamW weight decay", lo=0.0),
     "critic_opt.grad_clip": Field(float, "critic global-norm clip", lo=0.0, optional=True),
@@ -194,7 +198,8 @@ def _opt(section):
     from terminal_rsi.train_state import OptimizerConfig
 
     return OptimizerConfig(learning_rate=section.learning_rate,
-                           weight_decay=section.weight_decay, grad_clip=section.grad_clip)
+                           weight_decay=section.weight_decay, grad_clip=section.grad_clip,
+                           warmup_steps=section.get("warmup_steps") or 0)
 
 
 def mesh_shape(config) -> dict[str, int]:
