@@ -194,14 +194,6 @@ def ppo_config(config):
                      temperature=float(config.harness.temperature))
 
 
-def _opt(section):
-    from terminal_rsi.train_state import OptimizerConfig
-
-    return OptimizerConfig(learning_rate=section.learning_rate,
-                           weight_decay=section.weight_decay, grad_clip=section.grad_clip,
-                           warmup_steps=section.get("warmup_steps") or 0)
-
-
 def mesh_shape(config) -> dict[str, int]:
     """The `mesh.*` sizes that are set (unset axes are inferred by `sharding.make_mesh`)."""
     section = config.get("mesh") or {}
@@ -218,9 +210,10 @@ def _states(config, mcfg):
     from terminal_rsi import sharding as shd
     from terminal_rsi.models.loading import import_params, initial_actor_params
     from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
-    from terminal_rsi.train_state import create_train_state
+    from terminal_rsi.train_state import OptimizerConfig, create_train_state
 
-    oa, oc = _opt(config.actor_opt), _opt(config.critic_opt)
+    oa, oc = (OptimizerConfig.from_config(config.actor_opt),
+              OptimizerConfig.from_config(config.critic_opt))
     shape = mesh_shape(config)
     mesh = shd.make_mesh(shape)
     actor_p = initial_actor_params(config, mcfg, mesh=mesh)

@@ -328,18 +328,17 @@ def test_phase_from_a_gguf_model(tmp_path):
 def test_actor_warmup_steps_reach_the_actor_optimizer():
     """actor_opt.warmup_steps ramps the actor rate linearly from 0 over the phase's first
     actor updates; 0 keeps the constant rate."""
-    from terminal_rsi.rpr.phase import _opt
-    from terminal_rsi.train_state import lr_schedule
+    from terminal_rsi.train_state import OptimizerConfig, lr_schedule
 
     c = get_config()
     c.actor_opt.warmup_steps = 4
     validate_config(c, SCHEMA)
     lr = c.actor_opt.learning_rate
-    sched = lr_schedule(_opt(c.actor_opt))
+    sched = lr_schedule(OptimizerConfig.from_config(c.actor_opt))
     np.testing.assert_allclose([float(sched(k)) for k in (0, 1, 2, 4, 9)],
                                [0.0, 0.25 * lr, 0.5 * lr, lr, lr], rtol=1e-6)
     c.actor_opt.warmup_steps = 0
-    assert lr_schedule(_opt(c.actor_opt)) == lr
+    assert lr_schedule(OptimizerConfig.from_config(c.actor_opt)) == lr
     c.actor_opt.warmup_steps = -1
     with pytest.raises(Exception, match="warmup_steps"):
         validate_config(c, SCHEMA)
