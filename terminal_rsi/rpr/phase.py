@@ -15,7 +15,8 @@ One rollout step k (1-based):
   2. pack, recompute π_old with the training-side actor and the pre-token values, and compute
      advantages with TB-GAE (γ_turn, λ_turn) or per-token GAE (γ = λ = 1 by default); with
      `ppo.mask_malformed`, replies that did not parse or were cut off are left out of the
-     policy loss (`agent.malformed_mask`; the critic still trains on them);
+     policy loss (`agent.malformed_mask`; the critic still trains on them), while
+     `ppo.normalize_advantages` whitens over every trained token, malformed ones included;
   3. steps k <= `ppo.critic_warmup_steps` (default 4): critic-only updates, actor frozen
      (its parameters stay bit-identical); later steps: `ppo.epochs` passes of joint PPO over
      `ppo.num_minibatches` shuffled minibatches, separate jitted critic and actor steps (the
@@ -286,6 +287,21 @@ def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None
     return float(1.0 - np.var(returns - values) / var)
 
 
+def _advantage_means(batch: dict, malformed: np.ndarray) -> dict[str, float | None]:
+    """Raw (pre-whitening) advantage means over the batch's trained tokens and over its
+    well-formed ones: their gap is the upward bias that centering on the well-formed tokens
+    alone would add (every malformed reply failed)."""
+    from terminal_rsi.ppo_step import trained_mask
+
+    trained = np.asarray(trained_mask(batch["gen_mask"], batch["segment_ids"]))
+    adv = np.asarray(batch["advantages"])
+
+    def mean(mask):
+        return float(adv[mask].mean()) if mask.any() else None
+
+    return {"adv_mean_trained": mean(trained), "adv_mean_wellformed": mean(trained & ~malformed)}
+
+
 def _row_widths(segment_ids: np.ndarray, multiple: int) -> np.ndarray:
     """[B] real length of each row (1 + its last real position) rounded up to `multiple`,
     capped at the packed width."""
@@ -470,10 +486,14 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         malformed = malformed_mask(packed, res.trajectories)
         if p.mask_malformed:
             batch["policy_mask"] = packed.gen_mask & ~malformed
-        if p.normalize_advantages:  # over the tokens the policy loss uses
+        adv_stats = _advantage_means(batch, malformed)
+        if p.normalize_advantages:
+            # statistics over every trained token, malformed replies included: they are part of
+            # the on-policy sample, and all of them failed, so the kept tokens alone are a
+            # reward-selected subset whose mean is biased upward (centering on it would push
+            # down the successes the critic already expected)
             batch["advantages"] = ps.whiten_advantages(
-                batch["advantages"], batch.get("policy_mask", batch["gen_mask"]),
-                batch["segment_ids"])
+                batch["advantages"], batch["gen_mask"], batch["segment_ids"])
         name = artifacts.step_name("step", step)
         for t in res.trajectories:
             t.meta.update(rpr_step=step, rpr_mode=config.mode)
@@ -515,6 +535,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
             "generated_tokens": float(np.mean([t.num_generated for t in trajs])),
             "truncated_rows": int(packed.truncated.sum()),
             "malformed_token_frac": float(malformed.sum() / max(packed.gen_mask.sum(), 1)),
+            **adv_stats,
             "dropped": len(res.dropped),
             "episode_errors": len(res.errors),
             "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,

@@ -157,11 +157,14 @@ def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
     """ppo.mask_malformed: with an 8-token output budget every reply is cut off, so the joint
     step has no policy-loss token: the actor (no weight decay) stays bit-identical while the
     critic trains, and the metrics report every generated token as malformed. Also
-    ppo.critic_epochs: 3 critic passes of 2 minibatches per step, 1 actor pass."""
+    ppo.critic_epochs: 3 critic passes of 2 minibatches per step, 1 actor pass; and
+    ppo.normalize_advantages whitens over every trained token, the malformed ones included
+    (the stored advantages against a NumPy whitening of returns - values)."""
     from terminal_rsi.rpr.phase import _states, model_config
 
     config = _config()
     config.ppo.mask_malformed = True
+    config.ppo.normalize_advantages = True
     config.ppo.critic_epochs = 3
     config.actor_opt.weight_decay = 0.0
     config.eval.every, config.checkpoint.every = 0, 3
@@ -174,6 +177,15 @@ def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
     assert res.metrics[-1]["actor/tokens"] == 0.0
     assert _equal(_np(res.actor.params), init_actor)
     assert not _equal(_np(res.critic.params), init_critic)
+    for m in res.metrics:
+        assert m["adv_mean_wellformed"] is None and np.isfinite(m["adv_mean_trained"])
+    for step in (1, 3):
+        c = np.load(tmp_path / "trajectories" / f"step_{step:05d}.credit.npz")
+        g = c["gen_mask"]
+        raw = (c["returns"] - c["values"])[g]  # TB-GAE: returns = advantages + values
+        want = (raw - raw.mean()) / (raw.std() + 1e-4)
+        np.testing.assert_allclose(c["advantages"][g], want, rtol=1e-3, atol=1e-3)
+        assert not c["advantages"][~g].any()
 
 
 def _untimed(rows):
