@@ -61,14 +61,15 @@ SCALES: dict[str, dict] = {
             # rsr: Q_clean is small (about 7-20 accepted runs): 2 epochs over it at 5e-4 (3 epochs
             # at 1e-3 made RSR-1 forget families outside Q_clean: 46.7 % -> 26.7 %; a fixed 60
             # steps overfit it: NLL 0.02 -> 2e-5, held-out 31.7 % -> 25.0 %)
-            # self-rehearsal (1 H0 sample per task, its successes join Q_clean): Q_clean holds
+            # self-rehearsal (3 H0 samples per task, their successes join Q_clean): Q_clean holds
             # 2-5 families, and fine-tuning on it alone lost sort_uniq (6/6 -> 1/6) in a seed
-            # whose Q_clean lacked it (a 2-step lr warm-up against the fresh Adam's first
-            # full-rate step was measured and not kept: 3 seeds ended 7.7 points above the base
-            # instead of 10.6, docs/pipeline.md)
+            # whose Q_clean lacked it; with 1 sample per task the rehearsal held 1 sort_uniq
+            # success next to 11 batch_rename runs and RSR-1 still took sort_uniq 4/6 -> 1/6
+            # (with 3 samples: 6/6, and no family lost in any stage of 3 seeds; a 2-step lr
+            # warm-up was measured and not kept, docs/pipeline.md)
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
                     "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
-                    "sft.rehearsal_samples": 1,
+                    "sft.rehearsal_samples": 3,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
             # rpr: actor lr 1e-4 for RPR-1 (RPR-2: 2e-5). From the same RSR-1 actors of 3 seeds,
             # RPR-1 at 1e-4 gave +8.3 / 0.0 / +6.7 points of held-out success; at 2e-4 it lost
