@@ -287,14 +287,12 @@ def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None
     return float(1.0 - np.var(returns - values) / var)
 
 
-def _advantage_means(batch: dict, malformed: np.ndarray) -> dict[str, float | None]:
+def _advantage_means(advantages, trained: np.ndarray,
+                     malformed: np.ndarray) -> dict[str, float | None]:
     """Raw (pre-whitening) advantage means over the batch's trained tokens and over its
     well-formed ones: their gap is the upward bias that centering on the well-formed tokens
     alone would add (every malformed reply failed)."""
-    from terminal_rsi.ppo_step import trained_mask
-
-    trained = np.asarray(trained_mask(batch["gen_mask"], batch["segment_ids"]))
-    adv = np.asarray(batch["advantages"])
+    adv = np.asarray(advantages)
 
     def mean(mask):
         return float(adv[mask].mean()) if mask.any() else None
@@ -486,7 +484,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         malformed = malformed_mask(packed, res.trajectories)
         if p.mask_malformed:
             batch["policy_mask"] = packed.gen_mask & ~malformed
-        adv_stats = _advantage_means(batch, malformed)
+        trained = np.asarray(ps.trained_mask(packed.gen_mask, batch["segment_ids"]))
+        adv_stats = _advantage_means(batch["advantages"], trained, malformed)
         if p.normalize_advantages:
             # statistics over every trained token, malformed replies included: they are part of
             # the on-policy sample, and all of them failed, so the kept tokens alone are a
@@ -501,9 +500,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         artifacts.write_credit(os.path.join(traj_dir, f"{name}.credit.npz"),
                                artifacts.credit_arrays(packed, jax.device_get(batch)))
         gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
-        mask = np.asarray(ps.trained_mask(packed.gen_mask, batch["segment_ids"]))
-        ev_pre = _explained_variance(np.asarray(batch["old_values"])[mask],
-                                     np.asarray(batch["returns"])[mask])
+        ev_pre = _explained_variance(np.asarray(batch["old_values"])[trained],
+                                     np.asarray(batch["returns"])[trained])
         real = packed.policy_version[packed.policy_version >= 0]
         lag = version - real  # synchronous rollouts: always 0
         critic_only = step <= warmup_steps
