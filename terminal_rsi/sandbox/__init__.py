@@ -6,8 +6,9 @@
         r = sb.exec("python3 main.py", timeout=10)
         assert r.exit_code == 0 and not r.timed_out
 
-Backends: ``local`` (bubblewrap, falling back to plain subprocesses with a
-warning), ``local-bwrap``, ``local-plain``, ``docker``, or an ``http(s)://``
+Backends: ``local`` (bubblewrap; plain subprocesses only with ``allow_plain=True``,
+with one warning line saying what plain mode does not isolate), ``local-bwrap``,
+``local-plain`` (the weaker mode, chosen by name), ``docker``, or an ``http(s)://``
 URL of a bridge server (``python -m terminal_rsi.sandbox.serve``). Many
 sandboxes over many endpoints: :class:`terminal_rsi.sandbox.pool.SandboxPool`, or a
 comma-separated list of bridge URLs as the backend (one process-wide pool per list; this is
@@ -33,11 +34,13 @@ from terminal_rsi.sandbox.errors import (
 BACKENDS = ("local", "local-bwrap", "local-plain", "docker")
 
 
-def open_sandbox(spec: SandboxSpec | None = None, backend: str = "local", **kwargs) -> Sandbox:
+def open_sandbox(spec: SandboxSpec | None = None, backend: str = "local", *,
+                 allow_plain: bool = False, **kwargs) -> Sandbox:
     """Start a sandbox on ``backend`` (a name from BACKENDS or a bridge URL).
 
-    kwargs go to the backend: ``base_dir`` (local), ``client`` (docker),
-    ``token`` / ``token_file`` / ``timeout`` (remote).
+    kwargs go to the backend: ``base_dir`` and ``allow_plain`` (local: let ``local`` fall back
+    to plain subprocesses when bubblewrap is unusable), ``client`` (docker), ``token`` /
+    ``token_file`` / ``timeout`` (remote).
     """
     spec = spec or SandboxSpec()
     if "," in backend:
@@ -50,7 +53,7 @@ def open_sandbox(spec: SandboxSpec | None = None, backend: str = "local", **kwar
         from terminal_rsi.sandbox.local import LocalSandbox
 
         mode = {"local": "auto", "local-bwrap": "bwrap", "local-plain": "plain"}[backend]
-        return LocalSandbox(spec, mode=mode, **kwargs)
+        return LocalSandbox(spec, mode=mode, allow_plain=allow_plain, **kwargs)
     if backend == "docker":
         from terminal_rsi.sandbox.docker_backend import DockerSandbox
 

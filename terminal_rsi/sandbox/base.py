@@ -24,6 +24,7 @@ import abc
 import base64
 import dataclasses
 import io
+import math
 import posixpath
 import tarfile
 import time
@@ -33,6 +34,10 @@ from typing import Any
 from terminal_rsi.sandbox.errors import BadRequest, CommandTimeout
 
 MiB = 1 << 20
+# Hard upper bounds of a spec (a server or config may set lower maxima).
+SPEC_BOUNDS = {"memory_mb": 1 << 20, "pids": 1 << 16, "disk_mb": 1 << 20,
+               "max_output_bytes": 1 << 30, "open_files": 1 << 20}
+MAX_CPUS = 1024
 MARKER_ENV = "TRSI_SANDBOX"  # every exec'd process carries TRSI_SANDBOX=<sandbox id>
 
 
@@ -65,14 +70,24 @@ class SandboxSpec:
     open_files: int = 1024
 
     def __post_init__(self):
-        for name in ("memory_mb", "pids", "disk_mb", "max_output_bytes", "open_files"):
+        for name, hi in SPEC_BOUNDS.items():
             v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise BadRequest(f"SandboxSpec.{name} must be a positive int, got {v!r}")
-        if not (isinstance(self.cpus, (int, float)) and self.cpus > 0):
-            raise BadRequest(f"SandboxSpec.cpus must be > 0, got {self.cpus!r}")
-        for path in self.files:
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi:
+                raise BadRequest(f"SandboxSpec.{name} must be an int in [1, {hi}], got {v!r}")
+        if isinstance(self.cpus, bool) or not (
+                isinstance(self.cpus, int | float) and 0 < self.cpus <= MAX_CPUS):
+            raise BadRequest(f"SandboxSpec.cpus must be a number in (0, {MAX_CPUS}], got "
+                             f"{self.cpus!r}")
+        if not isinstance(self.network, bool):
+            raise BadRequest(f"SandboxSpec.network must be a bool, got {self.network!r}")
+        check_text(self.image, "SandboxSpec.image", 512)
+        check_env(self.env, "SandboxSpec.env")
+        if not isinstance(self.files, Mapping):
+            raise BadRequest("SandboxSpec.files must map workspace paths to bytes")
+        for path, data in self.files.items():
             safe_relpath(path)
+            if not isinstance(data, bytes):
+                raise BadRequest(f"SandboxSpec.files[{path!r}] must be bytes")
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -92,7 +107,10 @@ class SandboxSpec:
         d = dict(d)
         try:
             if "files" in d:
-                d["files"] = {k: base64.b64decode(v) for k, v in d["files"].items()}
+                if not isinstance(d["files"], Mapping):
+                    raise BadRequest("spec.files must be an object of path -> base64 text")
+                d["files"] = {k: base64.b64decode(v, validate=True)
+                              for k, v in d["files"].items()}
             return cls(**d)
         except (TypeError, ValueError, AttributeError) as e:
             if isinstance(e, BadRequest):
@@ -168,20 +186,69 @@ class OutputCap:
 
 
 MAX_EXEC_TIMEOUT_S = 24 * 3600
+MAX_COMMAND_BYTES = 128 << 10  # under Linux's 128 KiB limit on one argv string
+MAX_ENV_BYTES = 256 << 10  # all of one exec's environment entries together
+MAX_ENV_ENTRIES = 256
+MAX_PATH_BYTES = 4096
 
 
-def check_exec_args(command: Any, timeout: Any) -> None:
+def check_text(value: Any, what: str, max_bytes: int) -> str:
+    """A string a process can receive: no NUL, no lone surrogate, at most ``max_bytes`` UTF-8."""
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be a string, got {type(value).__name__}")
+    if "\0" in value:
+        raise BadRequest(f"{what} holds a NUL character, which no process can receive; "
+                         "remove it")
+    try:
+        n = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest(f"{what} holds a lone surrogate (not valid Unicode text); send "
+                         "UTF-8 text") from None
+    if n > max_bytes:
+        raise BadRequest(f"{what} is {n} bytes; the limit is {max_bytes}: write long input "
+                         "to a file with put_files and run that")
+    return value
+
+
+def check_env(env: Any, what: str = "env") -> dict[str, str]:
+    """Validate an environment mapping: names ``[A-Za-z_][A-Za-z0-9_]*``, text values, caps."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise BadRequest(f"{what} must be a mapping of strings to strings")
+    if len(env) > MAX_ENV_ENTRIES:
+        raise BadRequest(f"{what} has {len(env)} entries; the limit is {MAX_ENV_ENTRIES}")
+    total = 0
+    for k, v in env.items():
+        check_text(k, f"{what} name {k!r}", 256)
+        if not (k and (k[0].isascii() and (k[0].isalpha() or k[0] == "_"))
+                and all(c.isascii() and (c.isalnum() or c == "_") for c in k)):
+            raise BadRequest(f"{what} name {k!r} is not a valid variable name "
+                             "([A-Za-z_][A-Za-z0-9_]*)")
+        total += len(check_text(v, f"{what}[{k!r}]", MAX_ENV_BYTES).encode()) + len(k) + 2
+    if total > MAX_ENV_BYTES:
+        raise BadRequest(f"{what} is {total} bytes in all; the limit is {MAX_ENV_BYTES}")
+    return dict(env)
+
+
+def check_exec_args(command: Any, timeout: Any, env: Any = None, cwd: Any = None) -> None:
     """Reject a malformed exec request with BadRequest (shared by every backend)."""
-    if not isinstance(command, str):
-        raise BadRequest("command must be a string")
-    if not (isinstance(timeout, int | float) and 0 < timeout <= MAX_EXEC_TIMEOUT_S):
-        raise BadRequest(f"timeout must be in (0, {MAX_EXEC_TIMEOUT_S}] seconds, got {timeout!r}")
+    check_text(command, "command", MAX_COMMAND_BYTES)
+    if isinstance(timeout, bool) or not (
+            isinstance(timeout, int | float) and 0 < timeout <= MAX_EXEC_TIMEOUT_S):
+        raise BadRequest(f"timeout must be a number in (0, {MAX_EXEC_TIMEOUT_S}] seconds, "
+                         f"got {timeout!r}")
+    check_env(env)
+    if cwd is not None:
+        safe_relpath(check_text(cwd, "cwd", MAX_PATH_BYTES))
 
 
 def safe_relpath(path: str) -> str:
     """Normalize a workspace-relative path; reject absolute paths and `..` escapes."""
     if not isinstance(path, str) or not path or "\0" in path:
         raise BadRequest(f"bad path {path!r}: give a non-empty workspace-relative path")
+    if len(path) > MAX_PATH_BYTES:
+        raise BadRequest(f"path of {len(path)} characters; the limit is {MAX_PATH_BYTES}")
     if path.startswith("/"):
         raise BadRequest(f"path {path!r} is absolute; paths are relative to the workspace")
     norm = posixpath.normpath(path)
@@ -190,26 +257,75 @@ def safe_relpath(path: str) -> str:
     return norm
 
 
-def check_tar(data: bytes, max_members: int = 100_000) -> list[tarfile.TarInfo]:
-    """Lexically validate an upload: regular files, dirs and in-workspace symlinks only."""
+@dataclasses.dataclass(frozen=True)
+class TarLimits:
+    """Caps on one upload or download, checked while streaming.
+
+    Attributes:
+      max_members: archive members (files, directories and links) in one tar stream.
+      max_bytes: upload: total size of the regular files' contents; download: bytes of the
+        tar stream, headers included.
+      timeout_s: wall-clock budget of the whole operation.
+    """
+
+    max_members: int = 20_000
+    max_bytes: int = 1 << 30
+    timeout_s: float = 120.0
+
+    def __post_init__(self):
+        for name in ("max_members", "max_bytes"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+                raise BadRequest(f"TarLimits.{name} must be a positive int, got {v!r}")
+        if not (isinstance(self.timeout_s, int | float) and 0 < self.timeout_s < math.inf):
+            raise BadRequest(f"TarLimits.timeout_s must be a positive finite number, got "
+                             f"{self.timeout_s!r}")
+
+
+def check_tar(data: bytes, limits: TarLimits = TarLimits()) -> list[tarfile.TarInfo]:
+    """Read an upload's headers with the caps applied as they stream past; the members.
+
+    Refuses (BadRequest naming the member) absolute or ``..`` names, hard links,
+    devices, FIFOs and any cap exceeded, before anything is written. Symlinks may point
+    anywhere: the sandbox machinery creates them as links and never follows them.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise BadRequest("an upload must be bytes (a tar stream)")
+    deadline = time.monotonic() + limits.timeout_s
+    total = 0
+    out: list[tarfile.TarInfo] = []
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-            members = tf.getmembers()
+            while (m := tf.next()) is not None:
+                if len(out) >= limits.max_members:
+                    raise BadRequest(f"upload has more than {limits.max_members} members; "
+                                     "send fewer files per tar stream")
+                if time.monotonic() > deadline:
+                    raise BadRequest(f"upload took longer than {limits.timeout_s:g} s to read")
+                try:
+                    safe_relpath(m.name)
+                except BadRequest as e:
+                    raise BadRequest(f"tar member {m.name!r}: {e}") from None
+                if not (m.isreg() or m.isdir() or m.issym()):
+                    kind = "hard link" if m.islnk() else "device, FIFO or other special file"
+                    raise BadRequest(f"tar member {m.name!r} is a {kind}; uploads hold "
+                                     "regular files, directories and symlinks only")
+                if m.issym() and ("\0" in m.linkname or not m.linkname):
+                    raise BadRequest(f"tar member {m.name!r} is a symlink with an empty or "
+                                     "NUL-holding target")
+                if m.isreg():
+                    total += m.size
+                    if total > limits.max_bytes:
+                        raise BadRequest(f"upload holds more than {limits.max_bytes} bytes of "
+                                         f"file data (at member {m.name!r})")
+                out.append(m)
     except tarfile.TarError as e:
         raise BadRequest(f"upload is not a readable tar stream: {e}") from e
-    if len(members) > max_members:
-        raise BadRequest(f"tar has {len(members)} members (> {max_members})")
-    for m in members:
-        name = safe_relpath(m.name)
-        if m.isreg() or m.isdir():
-            continue
-        if m.issym():
-            target = posixpath.normpath(posixpath.join(posixpath.dirname(name), m.linkname))
-            if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
-                raise BadRequest(f"symlink {m.name!r} -> {m.linkname!r} leaves the workspace")
-            continue
-        raise BadRequest(f"tar member {m.name!r} has a disallowed type (links/devices/fifos)")
-    return members
+    except (EOFError, OSError, ValueError, OverflowError) as e:
+        if isinstance(e, BadRequest):
+            raise
+        raise BadRequest(f"upload is not a readable tar stream: {e}") from e
+    return out
 
 
 def files_to_tar(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:

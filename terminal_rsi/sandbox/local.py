@@ -1,60 +1,67 @@
-"""Local sandboxes: bubblewrap (isolated) or plain subprocesses (weaker).
+"""Local sandboxes: bubblewrap (isolated) or plain subprocesses (declared weaker).
 
-Isolation levels (see docs/sandbox.md):
+Isolation levels (the table in docs/sandbox.md says what each guarantees):
 
 ``bwrap`` (needs the Debian package ``bubblewrap`` and user namespaces)
     Each exec runs in fresh namespaces (``--unshare-all``: PID, network, IPC,
-    UTS, user, cgroup): the host's /usr and /etc read-only, a private /tmp and
-    the workspace (bound at ``/workspace``) writable, nothing else of the host
-    visible (no /root, /home, /work, /opt ...), no network, dies with its
-    parent. When the exec's main process exits the PID namespace collapses, so
-    no child survives.
+    UTS, user, cgroup): the host's /usr and /etc read-only, the root and /dev
+    read-only, and exactly three writable places, all on the sandbox's one tmpfs:
+    the workspace (at ``/workspace``), ``/tmp`` and ``/dev/shm``. Nothing else of the
+    host is visible (no /root, /home, /work, /opt ...), no network, dies with its parent.
+    When the exec's main process exits the PID namespace collapses, so no child survives.
 ``plain``
-    ``bash -c`` in its own session and process group, with rlimits. No
-    filesystem or network isolation beyond Unix permissions. Chosen only when
-    asked for or when bubblewrap is missing (a warning is logged).
+    ``bash -c`` in its own session and process group, with rlimits: no filesystem
+    or network isolation beyond Unix permissions. Used when asked for by name
+    (``local-plain``), or by ``local`` when bubblewrap is unusable and the caller
+    allowed it (``allow_plain=True``, one warning line says what it does not isolate).
 
 Both modes, when the host runs as root (CI, sandbox hosts), run commands as a
-dedicated unprivileged uid per sandbox: RLIMIT_NPROC then bounds fork bombs,
-Unix permissions keep the host's home and root-owned files out of reach, and
-every process of that uid is killed when an exec ends. The workspace and /tmp
-live on a per-sandbox tmpfs of ``spec.disk_mb``. Run as an ordinary user, the
-uid is the caller's own, there is no tmpfs (RLIMIT_FSIZE bounds single files)
-and leftovers are found by the ``TRSI_SANDBOX`` environment marker only: a
-process that clears its environment and calls setsid can escape in plain
-mode (bwrap mode is still safe: its PID namespace dies with the command).
+dedicated unprivileged uid per sandbox whose workspace, /tmp and /dev/shm are
+private (mode 0700) on a tmpfs of ``spec.disk_mb``: one disk quota for all of them.
+Memory (``spec.memory_mb``) and processes (``spec.pids``) are limited for the whole
+process tree by the sandbox's cgroups (``cgroups.py``); where cgroups cannot be made,
+RLIMIT_AS bounds each process instead and RLIMIT_NPROC the uid. Every process of the
+uid is killed when an exec ends. The sandbox machinery's own file operations
+(``put_tar``, ``get_tar``) run as that uid and never follow a link (``fsops.py``).
+Run as an ordinary user, the uid is the caller's own, there is no tmpfs
+(RLIMIT_FSIZE bounds single files) and leftovers are found by the ``TRSI_SANDBOX``
+environment marker only: a process that clears its environment and calls setsid can
+escape in plain mode (bwrap mode is still safe: its PID namespace dies with the command).
 
-Rlimits per process: RLIMIT_AS = memory_mb, RLIMIT_FSIZE = disk_mb,
-RLIMIT_NOFILE = open_files, RLIMIT_CPU = timeout + 1 s, RLIMIT_CORE = 0,
-RLIMIT_NPROC = pids (dedicated uid only).
+A killed owner leaves nothing for long: the exec's processes die with it (parent-death
+signal), and the first sandbox a later process opens sweeps the workspaces, mounts,
+cgroups and processes of owners that are gone (:func:`sweep_stale`).
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import logging
 import math
 import os
 import random
 import selectors
+import shlex
 import shutil
 import signal
 import subprocess
-import tarfile
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 
-from terminal_rsi.sandbox import procs
+from terminal_rsi.sandbox import cgroups, fsops, procs
 from terminal_rsi.sandbox.base import (
     MARKER_ENV,
     ExecResult,
     OutputCap,
     Sandbox,
     SandboxSpec,
+    TarLimits,
+    check_env,
     check_exec_args,
-    check_tar,
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError, SandboxLost
@@ -137,11 +144,30 @@ def bwrap_available(as_root_drop: bool | None = None) -> bool:
     return ok
 
 
+PLAIN_MODE_NOTE = (
+    "plain sandbox mode: commands run as ordinary subprocesses, with no filesystem, network "
+    "or /proc isolation beyond the Unix permissions of a dedicated uid (root hosts only); "
+    "use it for trusted built-in tasks only (docs/sandbox.md)")
+OWNER_FILE = "owner.json"
+_plain_warned = threading.Event()
+_swept: set[str] = set()
+_cgroup_note: list[str] = []
+
+
+def _note_plain_once() -> None:
+    if not _plain_warned.is_set():
+        _plain_warned.set()
+        log.warning(PLAIN_MODE_NOTE)
+
+
 class LocalSandbox(Sandbox):
-    """A private workspace on this host; ``mode`` is "bwrap", "plain" or "auto"."""
+    """A private workspace on this host; ``mode`` is "bwrap", "plain" or "auto".
+
+    "auto" uses bubblewrap, and falls back to plain only with ``allow_plain=True``.
+    """
 
     def __init__(self, spec: SandboxSpec | None = None, mode: str = "auto",
-                 base_dir: str | None = None):
+                 base_dir: str | None = None, allow_plain: bool = False):
         self.spec = spec or SandboxSpec()
         if mode not in ("auto", "bwrap", "plain"):
             raise BadRequest(f"LocalSandbox mode must be auto|bwrap|plain, got {mode!r}")
@@ -150,87 +176,121 @@ class LocalSandbox(Sandbox):
                 raise InfrastructureError(
                     "bubblewrap is not usable here; `apt-get install bubblewrap` or use "
                     "mode='plain' (weaker isolation)")
-            log.warning("bubblewrap missing: LocalSandbox falls back to plain subprocesses "
-                        "(weaker isolation, see docs/sandbox.md)")
+            if not allow_plain:
+                raise BadRequest(
+                    "bubblewrap is not usable here, and the weaker plain fallback was not "
+                    "allowed: `apt-get install bubblewrap`, or allow plain subprocesses "
+                    "(config tasks.allow_plain_sandbox=True, open_sandbox(..., "
+                    "allow_plain=True), or serve --allow-plain). " + PLAIN_MODE_NOTE)
             mode = "plain"
         elif mode == "auto":
             mode = "bwrap"
+        if mode == "plain":
+            _note_plain_once()
         self.mode = mode
         self.id = uuid.uuid4().hex[:16]
         self._marker = f"{MARKER_ENV}={self.id}".encode()
         self._lock = threading.RLock()
         self._closed = False
         self._mounted = False
+        self.cgroup: cgroups.SandboxCgroup | None = None
+        base = base_dir or tempfile.gettempdir()
         if _is_root():
-            _check_traversable(base_dir or tempfile.gettempdir())
+            _check_traversable(base)
+        sweep_stale(base, once=True)
         self.uid = _alloc_uid() if _is_root() else None
-        self.root = tempfile.mkdtemp(prefix=f"trsi-sb-{self.id}-", dir=base_dir)
+        self.root = tempfile.mkdtemp(prefix=f"trsi-sb-{self.id}-", dir=base)
         try:
-            if _is_root():
-                r = subprocess.run(
-                    ["mount", "-t", "tmpfs", "-o",
-                     f"size={self.spec.disk_mb}m,mode=0755,nosuid,nodev", "tmpfs", self.root],
-                    capture_output=True)
-                self._mounted = r.returncode == 0
-                if not self._mounted:
-                    log.warning("no tmpfs for the workspace (%s); only RLIMIT_FSIZE bounds disk",
-                                r.stderr.decode(errors="replace").strip())
-            self.ws = os.path.join(self.root, "ws")
-            self.tmp = os.path.join(self.root, "tmp")
-            os.mkdir(self.ws, 0o755)
-            os.mkdir(self.tmp, 0o1777)
-            os.chmod(self.tmp, 0o1777)
-            if self.uid is not None:
-                os.chown(self.ws, self.uid, self.uid)
-            self.workdir = SANDBOX_WORKDIR if mode == "bwrap" else self.ws
-            if self.spec.files:
-                self.put_files(self.spec.files)
+            self._make_root()
         except BaseException:
             self.close()
             raise
 
+    def _make_root(self) -> None:
+        """The tmpfs holding workspace, /tmp and /dev/shm; cgroups; the owner record."""
+        if _is_root():
+            r = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o",
+                 f"size={self.spec.disk_mb}m,mode=0711,nosuid,nodev", "tmpfs", self.root],
+                capture_output=True)
+            self._mounted = r.returncode == 0
+            if not self._mounted:
+                log.warning("no tmpfs for the workspace (%s); only RLIMIT_FSIZE bounds disk",
+                            r.stderr.decode(errors="replace").strip())
+            self.cgroup, why = (cgroups.create(f"trsi-{self.id}", self.spec.memory_mb << 20,
+                                               self.spec.pids) if _pdeathsig()
+                                else (None, "setpriv (util-linux) is missing"))
+            if self.cgroup is None and not _cgroup_note:
+                _cgroup_note.append(why)
+                log.warning("sandbox memory and pids limits fall back to per-process "
+                            "rlimits: %s", why)
+        os.chmod(self.root, 0o711)
+        _write_owner(self.root, self.uid, self.cgroup)
+        self.ws, self.tmp, self.shm = (os.path.join(self.root, n) for n in ("ws", "tmp", "shm"))
+        for d in (self.ws, self.tmp, self.shm):
+            os.mkdir(d, 0o700)
+            if self.uid is not None:
+                os.chown(d, self.uid, self.uid)
+        self.workdir = SANDBOX_WORKDIR if self.mode == "bwrap" else self.ws
+        if self.spec.files:
+            self.put_files(self.spec.files)
+
     # ------------------------------------------------------------------ exec
     def _ulimits(self, timeout: float) -> str:
         s = self.spec
-        lim = [f"-v {s.memory_mb * 1024}", f"-f {s.disk_mb * 1024}", f"-n {s.open_files}",
-               f"-t {math.ceil(timeout) + 1}", "-c 0"]
+        lim = [f"-f {s.disk_mb * 1024}", f"-n {s.open_files}", f"-t {math.ceil(timeout) + 1}",
+               "-c 0"]
+        if self.cgroup is None:  # the cgroup bounds the whole tree; RLIMIT_AS each process
+            lim.append(f"-v {s.memory_mb * 1024}")
         if self.uid is not None:
             lim.append(f"-u {s.pids}")
         return "; ".join(f"ulimit -S -H {x}" for x in lim)
 
     def _argv(self, command: str, rel_cwd: str, timeout: float) -> list[str]:
-        ul = self._ulimits(timeout)
-        if _pdeathsig():  # the parent may have died before the death signal was armed
-            ul = f'[ "$PPID" = "{os.getpid()}" ] || exit 111; {ul}'
+        # Innermost wrapper, as the sandbox uid: no survivor of a dead parent, rlimits.
+        guard = f'[ "$PPID" = "{os.getpid()}" ] || exit 111; ' if _pdeathsig() else ""
         if self.mode == "plain":
             # The wrapper stays the parent (no exec) so `kill $PPID` hits only the wrapper.
-            return [*_pdeathsig(), "/bin/bash", "-c", f'{ul}; "$@"; exit $?', "trsi",
-                    "/bin/bash", "-c", command]
-        bw = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
-        if self.spec.network:
-            bw.append("--share-net")
-        bw += _bwrap_root_args()
-        bw += ["--proc", "/proc", "--dev", "/dev", "--bind", self.ws, SANDBOX_WORKDIR,
-               "--bind", self.tmp, "/tmp",
-               "--chdir", os.path.normpath(os.path.join(SANDBOX_WORKDIR, rel_cwd)),
-               "/bin/bash", "-c", command]
-        return [*_pdeathsig(), "/bin/bash", "-c", f'{ul}; exec "$@"', "trsi", *bw]
+            inner = ["/bin/bash", "-c", f'{guard}{self._ulimits(timeout)}; "$@"; exit $?',
+                     "trsi", "/bin/bash", "-c", command]
+        else:
+            bw = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+            if self.spec.network:
+                bw.append("--share-net")
+            bw += _bwrap_root_args()
+            bw += ["--proc", "/proc", "--dev", "/dev", "--bind", self.ws, SANDBOX_WORKDIR,
+                   "--bind", self.tmp, "/tmp", "--bind", self.shm, "/dev/shm",
+                   "--remount-ro", "/", "--remount-ro", "/dev",
+                   "--chdir", os.path.normpath(os.path.join(SANDBOX_WORKDIR, rel_cwd)),
+                   "/bin/bash", "-c", command]
+            inner = ["/bin/bash", "-c", f'{guard}{self._ulimits(timeout)}; exec "$@"', "trsi",
+                     *bw]
+        if self.uid is None or not _pdeathsig():
+            return [*_pdeathsig(), *inner]
+        # As root: join the sandbox's cgroups, then drop to its uid (setpriv sets the
+        # parent-death signal after the uid change, which would clear it).
+        join = "".join(f'echo $$ > {shlex.quote(f)} || exit 112; '
+                       for f in (self.cgroup.procs_files if self.cgroup else ()))
+        drop = (f'exec setpriv --reuid={self.uid} --regid={self.uid} --clear-groups '
+                f'--pdeathsig KILL -- "$@"')
+        return ["/bin/bash", "-c", join + drop, "trsi", *inner]
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         out = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
                "TERM": "dumb", "TMPDIR": "/tmp" if self.mode == "bwrap" else self.tmp}
         out.update(self.spec.env)
-        out.update(env or {})
+        out.update(check_env(env))
         out[MARKER_ENV] = self.id
-        for k, v in out.items():
-            if not isinstance(k, str) or not isinstance(v, str) or "\0" in k + v or "=" in k:
-                raise BadRequest(f"bad environment entry {k!r}={v!r}")
-        return out
+        return check_env(out)
 
     def _find(self) -> list[int]:
+        found = set(self.cgroup.pids()) if self.cgroup is not None else set()
         if self.uid is not None:
-            return procs.pids_of_uid(self.uid)
-        return procs.pids_with_env(self._marker)
+            found.update(procs.pids_of_uid(self.uid))
+        else:
+            found.update(procs.pids_with_env(self._marker))
+        found.discard(os.getpid())
+        return sorted(found)
 
     def _kill_all(self, proc: subprocess.Popen | None) -> None:
         if proc is not None:
@@ -242,16 +302,16 @@ class LocalSandbox(Sandbox):
 
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
              cwd: str | None = None) -> ExecResult:
-        check_exec_args(command, timeout)
+        check_exec_args(command, timeout, env, cwd)
         with self._lock:
             self._check_open()
             rel = safe_relpath(cwd) if cwd else "."
             host_cwd = os.path.join(self.ws, rel)
-            if not os.path.isdir(host_cwd) or not self._inside(host_cwd):
+            if not self._is_workspace_dir(rel):
                 raise BadRequest(f"cwd {cwd!r} is not a directory inside the workspace")
             full_env = self._env(env)
             kw = {}
-            if self.uid is not None:
+            if self.uid is not None and not _pdeathsig():  # no setpriv: drop uid in Popen
                 kw = dict(user=self.uid, group=self.uid, extra_groups=[])
             cap_out = OutputCap(self.spec.max_output_bytes)
             cap_err = OutputCap(self.spec.max_output_bytes)
@@ -274,6 +334,9 @@ class LocalSandbox(Sandbox):
                 if timed_out or self.mode == "plain" or proc.returncode != 0:
                     # bwrap: a clean exit of the namespace's init already killed the rest.
                     self._kill_all(None)
+            if proc.returncode == 112:
+                raise InfrastructureError(f"sandbox {self.id}: the command could not join "
+                                          "its cgroup")
             return ExecResult(
                 stdout=cap_out.text(), stderr=cap_err.text(),
                 exit_code=(-signal.SIGKILL if timed_out else _exit_code(proc.returncode)),
@@ -319,72 +382,20 @@ class LocalSandbox(Sandbox):
         return timed_out
 
     # ----------------------------------------------------------------- files
-    def _inside(self, path: str) -> bool:
-        real_ws = os.path.realpath(self.ws)
-        real = os.path.realpath(path)
-        return real == real_ws or real.startswith(real_ws + os.sep)
+    def _is_workspace_dir(self, rel: str) -> bool:
+        """True if workspace path ``rel`` is a directory reached without any link."""
+        return fsops.is_dir(self.ws, rel, uid=self.uid)
 
     def put_tar(self, data: bytes, dest: str = ".") -> None:
         with self._lock:
             self._check_open()
-            members = check_tar(data)
-            rel = safe_relpath(dest)
-            target = os.path.join(self.ws, rel)
-            if not self._inside(target):
-                raise BadRequest(f"dest {dest!r} leaves the workspace (symlink)")
-            for m in members:  # no existing symlink may redirect a member outside
-                p = os.path.join(target, safe_relpath(m.name))
-                if not self._inside(os.path.dirname(p)) or (
-                        os.path.lexists(p) and os.path.islink(p) and not m.issym()):
-                    raise BadRequest(f"tar member {m.name!r} would be written through a "
-                                     "symlink or outside the workspace")
-            os.makedirs(target, exist_ok=True)
-            import io
-
-            try:
-                with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-                    if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
-                        tf.extractall(target, filter="data")
-                    else:  # members were validated by check_tar; drop special mode bits
-                        ms = tf.getmembers()
-                        for m in ms:
-                            m.mode &= 0o777
-                            m.uid = m.gid = os.getuid()
-                        tf.extractall(target, members=ms, numeric_owner=True)
-            except (tarfile.TarError, OSError) as e:
-                raise BadRequest(f"cannot extract upload into {dest!r}: {e}") from e
-            if self.uid is not None:
-                for dirpath, dirnames, filenames in os.walk(target):
-                    os.lchown(dirpath, self.uid, self.uid)
-                    for n in dirnames + filenames:
-                        os.lchown(os.path.join(dirpath, n), self.uid, self.uid)
+            fsops.extract(self.ws, data, dest, uid=self.uid,
+                          limits=TarLimits(max_bytes=self.spec.disk_mb << 20))
 
     def get_tar(self, path: str = ".", max_bytes: int = 256 << 20) -> bytes:
-        import io
-
         with self._lock:
             self._check_open()
-            rel = safe_relpath(path)
-            full = os.path.join(self.ws, rel)
-            if not os.path.lexists(full):
-                raise BadRequest(f"{path!r} does not exist in the workspace")
-            if not self._inside(full):
-                raise BadRequest(f"{path!r} leaves the workspace (symlink)")
-            buf = io.BytesIO()
-            total = 0
-
-            def count(ti: tarfile.TarInfo):
-                nonlocal total
-                total += ti.size
-                if total > max_bytes:
-                    raise BadRequest(f"{path!r} is larger than max_bytes={max_bytes}")
-                ti.uid = ti.gid = 0
-                ti.uname = ti.gname = ""
-                return ti
-
-            with tarfile.open(fileobj=buf, mode="w") as tf:
-                tf.add(full, arcname=rel, recursive=True, filter=count)
-            return buf.getvalue()
+            return fsops.pack(self.ws, path, uid=self.uid, limits=TarLimits(max_bytes=max_bytes))
 
     # ----------------------------------------------------------------- close
     def _check_open(self) -> None:
@@ -402,12 +413,104 @@ class LocalSandbox(Sandbox):
             try:
                 self._kill_all(None)
             finally:
-                if self._mounted:
-                    subprocess.run(["umount", "-l", self.root], capture_output=True)
-                shutil.rmtree(self.root, ignore_errors=True)
+                _remove_root(self.root, self._mounted or _is_root())
+                if self.cgroup is not None:
+                    _remove_cgroup(self.cgroup)
                 if self.uid is not None:
                     with _uid_lock:
                         _uids_in_use.discard(self.uid)
+
+
+def _remove_root(root: str, mounted: bool) -> None:
+    if mounted:
+        subprocess.run(["umount", "-l", root], capture_output=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _remove_cgroup(cg: cgroups.SandboxCgroup) -> None:
+    """Remove the groups once their last (killed) process is gone; the sweep retries."""
+    for _ in range(100):
+        if not cg.pids():
+            break
+        procs.freeze_and_kill(cg.pids, deadline_s=0.5)
+        time.sleep(0.01)
+    cg.remove()
+
+
+# ----------------------------------------------------------------- stale sandboxes
+
+
+def _write_owner(root: str, uid: int | None, cg: cgroups.SandboxCgroup | None) -> None:
+    """Record who owns ``root`` (root-owned, 0600) so a later sweep can tell it is stale."""
+    me = os.getpid()
+    rec = {"pid": me, "start": procs.start_time(me), "boot": procs.boot_id(), "uid": uid,
+           "cgroups": list(cg.dirs) if cg else []}
+    path = os.path.join(root, OWNER_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(rec, f)
+
+
+def _read_owner(root: str) -> dict | None:
+    try:
+        fd = os.open(os.path.join(root, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            rec = json.load(f)
+        return rec if isinstance(rec, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def sweep_stale(base_dir: str | None = None, *, once: bool = False,
+                min_age_s: float = 60.0) -> int:
+    """Remove what sandboxes of dead owners left in ``base_dir``; returns how many.
+
+    A sandbox is stale when the process recorded in its owner file is gone (pid absent, or
+    reused: another start time or boot). Its processes (by uid, cgroup and environment
+    marker) are killed, its tmpfs unmounted, its directory and cgroups removed. A
+    directory without a readable owner file counts as stale once older than ``min_age_s``
+    (a creation interrupted before the record was written). With ``once``, each base
+    directory is swept at most once per process.
+    """
+    base = os.path.abspath(base_dir or tempfile.gettempdir())
+    if once:
+        with _uid_lock:
+            if base in _swept:
+                return 0
+            _swept.add(base)
+    n = 0
+    for root in glob.glob(os.path.join(base, "trsi-sb-*")):
+        rec = _read_owner(root)
+        if rec is None:
+            try:
+                if time.time() - os.lstat(root).st_mtime < min_age_s:
+                    continue
+            except OSError:
+                continue
+            rec = {}
+        elif procs.alive(rec.get("pid"), rec.get("start"), rec.get("boot")):
+            continue
+        sid = os.path.basename(root)[len("trsi-sb-"):].split("-", 1)[0]
+        uid = rec.get("uid")
+        dirs = tuple(d for d in rec.get("cgroups", ()) if isinstance(d, str)
+                     and d.startswith(cgroups.CGROUP_ROOT + "/") and "/trsi-" in d)
+        cg = cgroups.SandboxCgroup(dirs, 0)
+
+        def find(uid=uid, cg=cg, sid=sid) -> list[int]:
+            found = set(cg.pids()) | set(procs.pids_with_env(f"{MARKER_ENV}={sid}".encode()))
+            if isinstance(uid, int) and _UID_LOW <= uid < _UID_HIGH:
+                found.update(procs.pids_of_uid(uid))
+            found.discard(os.getpid())
+            return sorted(found)
+
+        procs.freeze_and_kill(find)
+        _remove_root(root, _is_root())
+        if dirs:
+            _remove_cgroup(cg)
+        log.warning("removed the stale sandbox %s (owner pid %s is gone)", root,
+                    rec.get("pid", "unknown"))
+        n += 1
+    return n
 
 
 def _exit_code(rc: int) -> int:

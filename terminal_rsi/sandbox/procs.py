@@ -67,6 +67,33 @@ def pids_with_cmdline(token: bytes) -> list[int]:
     return out
 
 
+def start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), "" if unreadable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def alive(pid, start, boot) -> bool:
+    """True if the process recorded as (pid, start time, boot id) still runs (not reused)."""
+    if not isinstance(pid, int) or pid <= 0 or boot != boot_id():
+        return False
+    now = start_time(pid)
+    return now is not None and now == start and _state(pid) not in ("Z", "X")
+
+
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

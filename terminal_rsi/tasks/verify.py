@@ -202,15 +202,38 @@ def _require_image(task: Task, tag: str) -> None:
         pass  # engine problems surface as InfrastructureError when the sandbox starts
 
 
-def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, **sandbox_kwargs):
+def check_plain_allowed(task: Task, backend: str, allow_plain: bool) -> None:
+    """Refuse plain (unisolated) local sandboxes for tasks from disk unless allowed.
+
+    Built-in tasks may run on ``local-plain`` when it is named; a Terminal-Bench or Harbor
+    task directory is untrusted input and needs ``allow_plain`` (the config's
+    ``tasks.allow_plain_sandbox``) for that. ``local`` itself never falls back to plain
+    without ``allow_plain`` (see ``LocalSandbox``).
+    """
+    from terminal_rsi.sandbox import BadRequest
+
+    if backend == "local-plain" and task.format != "builtin" and not allow_plain:
+        raise BadRequest(
+            f"task {task.id} ({task.format}) would run in the plain local sandbox, which does "
+            "not isolate the filesystem, network or /proc; use backend 'local' (bubblewrap) "
+            "or 'docker', or allow it explicitly with tasks.allow_plain_sandbox=True")
+
+
+def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *, allow_plain: bool = False,
+                      **sandbox_kwargs):
     """Start the agent's sandbox for `task`: seeded workspace, environment setup done.
+
+    ``allow_plain`` lets backend ``local`` fall back to plain subprocesses where
+    bubblewrap is unusable, and lets tasks from disk run on ``local-plain``.
 
     Raises EnvironmentUnavailable (plainly worded) if the environment cannot be
     reproduced on this backend: a docker-compose setup, Dockerfile steps a local sandbox
     cannot do, a RUN step that fails on the local host userland, or an image that is
-    neither present nor buildable.
+    neither present nor buildable; BadRequest if plain mode is needed and not allowed.
     """
     from terminal_rsi.sandbox import open_sandbox
+
+    check_plain_allowed(task, backend, allow_plain)
 
     env = task.environment
     if env.compose_file:
@@ -228,7 +251,8 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, **sandbox_kwar
         raise EnvironmentUnavailable(
             f"task {task.id}: its Dockerfile has steps a local sandbox cannot reproduce: "
             + "; ".join(env.unsupported) + ". Use backend='docker'")
-    sb = open_sandbox(_spec_for(task, image), backend=backend, **sandbox_kwargs)
+    sb = open_sandbox(_spec_for(task, image), backend=backend, allow_plain=allow_plain,
+                      **sandbox_kwargs)
     try:
         # The workspace stands in for WORKDIR on every backend: COPY'd files are seeded into
         # it (on Docker they also stay where the image build put them).
@@ -339,12 +363,27 @@ class Snapshot(Mapping):
         return e.data.decode("utf-8", errors="replace")
 
 
+class ArtifactsRefused(Exception):
+    """The agent's workspace cannot be copied out (too many entries or bytes): its doing,
+    so the episode gets a failing verdict, not an infrastructure error."""
+
+
 def collect_artifacts(task: Task, sb) -> bytes:
     """The declared artifacts of the agent's sandbox as one tar stream (stale verifier
-    directories removed)."""
+    directories removed).
+
+    Links come out as links (never followed) and FIFOs, sockets and devices are left out,
+    so whatever the agent leaves in its workspace never turns a verdict into an error.
+    Raises ArtifactsRefused when the workspace exceeds the download caps.
+    """
+    from terminal_rsi.sandbox import BadRequest
+
     paths = task.verifier.artifacts or (".",)
     if paths == (".",):
-        return _filter_tar(sb.get_tar("."), VERIFIER_DIR_PREFIX)
+        try:
+            return _filter_tar(sb.get_tar("."), VERIFIER_DIR_PREFIX)
+        except BadRequest as e:
+            raise ArtifactsRefused(str(e)) from e
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as dst:
         for p in paths:
@@ -493,6 +532,7 @@ def verify(
     hygiene: HygieneRule = DEFAULT_HYGIENE,
     pytest_runtime: str = "auto",
     sandbox_kwargs: Mapping[str, Any] | None = None,
+    allow_plain: bool | None = None,
 ) -> VerificationResult:
     """Run task's protected verifier on the finished agent sandbox `sb`.
 
@@ -505,6 +545,8 @@ def verify(
       pytest_runtime: "auto" (copy the host's pytest in if the sandbox python lacks it),
         "inject" (always), or "sandbox" (never).
       sandbox_kwargs: extra arguments for the verifier sandbox (e.g. base_dir).
+      allow_plain: let a fresh local verifier sandbox fall back to plain subprocesses
+        (None: if and only if the agent's sandbox `sb` runs in plain mode).
 
     Returns:
       A VerificationResult whose report came through `parse_ctrf`.
@@ -522,8 +564,18 @@ def verify(
     vdir = f"{VERIFIER_DIR_PREFIX}_{uuid.uuid4().hex[:12]}"
     test_dir, logs_dir = f"{vdir}/tests", f"{vdir}/logs"
     owned = None
+    if allow_plain is None:
+        allow_plain = getattr(sb, "mode", None) == "plain"
     try:
-        artifacts = collect_artifacts(task, sb)
+        try:
+            artifacts = collect_artifacts(task, sb)
+        except ArtifactsRefused as e:
+            report = VerificationReport.invalid(
+                f"the agent's workspace could not be copied for verification: {e}",
+                terminal_success=False)
+            return VerificationResult(task.id, task.family, report, None, None, None,
+                                      types.MappingProxyType({}), mode,
+                                      time.monotonic() - t0)
         image = task_image(task, backend)
 
         def verifier_sandbox():
@@ -532,7 +584,7 @@ def verify(
                 return sb
             if owned is None:
                 owned = open_sandbox(_spec_for(task, image), backend=backend,
-                                     **dict(sandbox_kwargs or {}))
+                                     allow_plain=allow_plain, **dict(sandbox_kwargs or {}))
                 owned.put_tar(artifacts)
             return owned
 

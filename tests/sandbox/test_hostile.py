@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import posixpath
 import secrets
 import shutil
 import socket
@@ -50,8 +51,9 @@ def host_dir():
 
 
 class Ctx:
-    def __init__(self, make, sb, host_dir, secret):
+    def __init__(self, make, sb, host_dir, secret, sibling=None):
         self.make, self.sb, self.host_dir, self.secret = make, sb, host_dir, secret
+        self.sibling = sibling
         self.backend = make.backend
         self.tokens: tuple[bytes, ...] = ()
 
@@ -310,6 +312,145 @@ def case_put_traversal(c):
     assert not os.path.exists(target)
 
 
+def case_pathmax_link_chain(c):
+    """main's escape: a link chain past PATH_MAX redirected put_tar out of the workspace."""
+    c.run("d=$(printf 'd%.0s' $(seq 200)); p=.; for i in $(seq 12); do p=$p/$d; done; "
+          "mkdir -p $p && ln -s $p deep && prev=deep && up=$(printf '../%.0s' $(seq 12)) && "
+          "for i in $(seq 30); do ln -s $prev/${up}deep c$i; prev=c$i; done; "
+          f"ln -s {c.host_dir} exit; echo planted", timeout=10)
+    target = os.path.join(c.host_dir, "evil.txt")
+    with pytest.raises(BadRequest):
+        c.sb.put_files({"c30/exit/evil.txt": b"pwned"})
+    with pytest.raises(BadRequest):
+        c.sb.put_tar(_tar([("evil.txt", "file", b"pwned")]), dest="c30/exit")
+    with pytest.raises(BadRequest):
+        c.sb.put_tar(_tar([("evil.txt", "file", b"pwned")]), dest="exit")
+    assert not os.path.exists(target)
+    with pytest.raises(BadRequest):
+        c.sb.get_file("c30/exit/secret.txt")
+    with pytest.raises(BadRequest):
+        c.sb.get_file("exit/secret.txt")
+    data = c.sb.get_tar(".")  # the chain comes out as links: no error, nothing followed
+    assert c.secret.encode() not in data
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        links = {posixpath.normpath(m.name): m for m in tf.getmembers() if m.issym()}
+    assert "c30" in links and "exit" in links
+
+
+def case_special_files_in_workspace(c):
+    c.run("ln -s /usr/bin/python3 py; ln -s / rootlink; mkfifo fifo; echo ok > ok.txt; "
+          "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"",
+          timeout=5)
+    with tarfile.open(fileobj=io.BytesIO(c.sb.get_tar("."))) as tf:
+        got = {posixpath.normpath(m.name): m for m in tf.getmembers()}
+    assert got["ok.txt"].isreg() and got["py"].issym() and got["rootlink"].issym()
+    assert not any(m.isfifo() or m.ischr() or m.isblk() for m in got.values())
+    assert c.sb.get_file("ok.txt") == b"ok\n"
+
+
+def case_disk_quota_spans_every_writable_place(c):
+    c.skip_plain("/tmp and /dev/shm")
+    r = c.run("for d in . /tmp /dev/shm; do head -c 48M /dev/zero > $d/fill 2>/dev/null; done; "
+              "du -skc ./fill /tmp/fill /dev/shm/fill 2>/dev/null | tail -1", timeout=10)
+    total_kib = int(r.stdout.split()[0])
+    assert total_kib <= SPEC.disk_mb * 1024 * 1.1, f"{total_kib} KiB written with disk_mb=64"
+    r = c.run("for d in / /dev /var/tmp /run /home /opt /srv; do "
+              "head -c 4M /dev/zero > $d/trsi-fill 2>/dev/null && echo W:$d; done; true",
+              timeout=10)
+    assert "W:" not in r.stdout, f"writable outside the quota: {r.stdout}"
+    c.sb.exec("rm -f fill /tmp/fill /dev/shm/fill", timeout=10)
+
+
+def case_memory_whole_process_tree(c):
+    c.skip_unprivileged_plain()
+    hold = ("import time; a = bytearray(100 << 20); a[::4096] = b'x' * len(a[::4096]); "
+            "time.sleep(2.5); print('survived', flush=True)")
+    r = c.run(f"for i in 1 2 3 4 5 6; do python3 -c \"{hold}\" & done; wait", timeout=15)
+    survivors = r.stdout.count("survived")
+    assert survivors * 100 <= SPEC.memory_mb * 1.1, (
+        f"{survivors} processes held 100 MiB each at once with memory_mb={SPEC.memory_mb}")
+
+
+def case_bad_exec_input_is_a_bad_request(c):
+    for cmd in ("echo a\0b", "echo \ud800", "echo " + "x" * 200_000):
+        with pytest.raises(BadRequest):
+            c.sb.exec(cmd, timeout=2)
+    for env in ({"A": "x\0"}, {"A=B": "1"}, {"A": "y" * 300_000}, {"\ud800": "1"}):
+        with pytest.raises(BadRequest):
+            c.sb.exec("true", timeout=2, env=env)
+    for t in (float("inf"), float("nan"), -1, 0, 1e400):
+        with pytest.raises(BadRequest):
+            c.sb.exec("true", timeout=t)
+    for cwd in ("a\0b", "/etc", "../.."):
+        with pytest.raises(BadRequest):
+            c.sb.exec("true", timeout=2, cwd=cwd)
+    assert c.sb.exec("echo still-usable", timeout=10).stdout.strip() == "still-usable"
+
+
+def case_tar_member_bomb(c):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo("x")
+        for i in range(30_000):
+            ti.name = f"b{i}"
+            tf.addfile(ti)
+    with pytest.raises(BadRequest):
+        c.sb.put_tar(buf.getvalue())
+    assert c.sb.exec("ls | wc -l", timeout=10).stdout.strip() == "0"
+
+
+def case_download_cap_counts_the_stream(c):
+    c.run("mkdir m && cd m && for i in $(seq 3000); do : > f$i; done", timeout=15)
+    try:
+        data = c.sb.get_tar("m", max_bytes=1 << 20)
+    except BadRequest:
+        return
+    assert len(data) <= 1 << 20
+
+
+def case_read_sibling_workspace(c):
+    r = c.run(f"cat {c.sibling.workdir}/keep.txt; ls -la {os.path.dirname(c.sibling.workdir)}",
+              timeout=3)
+    assert "sibling" not in r.stdout
+
+
+def case_host_processes_invisible(c):
+    c.skip_plain("/proc")
+    r = c.run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", timeout=5)
+    assert "pytest" not in r.stdout
+
+
+def case_network_loopback_v6_and_abstract(c):
+    c.skip_plain("the network")
+    name = f"trsi-{secrets.token_hex(4)}"
+    servers = []
+    try:
+        a = socket.socket(socket.AF_UNIX)
+        a.bind("\0" + name)
+        a.listen(4)
+        servers.append(a)
+        try:
+            v6 = socket.socket(socket.AF_INET6)
+            v6.bind(("::1", 0))
+            v6.listen(4)
+            servers.append(v6)
+            port6 = v6.getsockname()[1]
+        except OSError:
+            port6 = None
+        code = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0{name}'); "
+                "print('ABSTRACT')")
+        r = c.run(f"python3 -c \"{code}\"", timeout=5)
+        assert "ABSTRACT" not in r.stdout
+        if port6:
+            code6 = (f"import socket; socket.create_connection(('::1', {port6}), 1); "
+                     "print('V6')")
+            r = c.run(f"python3 -c \"{code6}\"", timeout=5)
+            assert "V6" not in r.stdout
+    finally:
+        for s in servers:
+            s.close()
+
+
 CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 assert len(CASES) >= 20
 
@@ -325,7 +466,7 @@ def sibling(make_sandbox):
 def test_hostile(case, make_sandbox, sibling, host_dir):
     d, secret = host_dir
     sb = make_sandbox(SPEC)
-    ctx = Ctx(make_sandbox, sb, d, secret)
+    ctx = Ctx(make_sandbox, sb, d, secret, sibling)
     try:
         CASES[case](ctx)
     except SandboxLost:  # the sandbox died (e.g. its container): a typed, contained outcome

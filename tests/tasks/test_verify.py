@@ -59,6 +59,40 @@ def test_tests_are_protected(tb_dir):
             ".trsi_verifier_x", "")
 
 
+@pytest.mark.parametrize("mode", ["separate", "shared"])
+def test_links_and_special_files_left_by_the_agent_keep_the_verdict(tb_dir, mode):
+    """An absolute symlink, a link chain, a FIFO and a socket in the workspace: a correct
+    solution still scores S = 1 (main raised VerifierError(infrastructure) here)."""
+    task = load_terminal_bench_task(tb_dir)
+    with open_task_sandbox(task, BACKEND) as sb:
+        run_solution(task, sb)
+        sb.exec("ln -s /usr/bin/python3 py && ln -s / rootlink && ln -s py py2 && "
+                "mkfifo fifo && python3 -c \"import socket; "
+                "socket.socket(socket.AF_UNIX).bind('sock')\"", timeout=10).check()
+        r = verify(task, sb, backend=BACKEND, mode=mode)
+        assert (r.S, r.P, r.N) == (1, 4, 4), r.artifacts.get("stdout.txt")
+
+
+def test_a_workspace_too_large_to_copy_is_a_failing_verdict(tb_dir):
+    task = load_terminal_bench_task(tb_dir)
+    with open_task_sandbox(task, BACKEND) as sb:
+        run_solution(task, sb)
+        sb.exec("mkdir many && cd many && seq 25000 | xargs touch", timeout=60).check()
+        r = verify(task, sb, backend=BACKEND)
+        assert r.S == 0 and not r.report.valid
+        assert "could not be copied" in " ".join(r.report.problems)
+
+
+def test_real_tasks_refuse_plain_mode_unless_allowed(tb_dir):
+    from terminal_rsi.sandbox import BadRequest
+
+    task = load_terminal_bench_task(tb_dir)
+    with pytest.raises(BadRequest, match="allow_plain_sandbox"):
+        open_task_sandbox(task, "local-plain")
+    with open_task_sandbox(task, "local-plain", allow_plain=True) as sb:
+        assert sb.mode == "plain"
+
+
 def test_harbor_reward_file_is_terminal_verdict(harbor_dir):
     task = load_harbor_task(harbor_dir)
     ref = run_reference(task, backend=BACKEND)

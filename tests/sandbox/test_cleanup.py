@@ -1,0 +1,99 @@
+"""Cleanup survives a killed owner: nothing outlives it past the next start's sweep.
+
+A child Python process opens a local sandbox in its own base directory, starts a
+command that leaves background processes, and is killed with SIGKILL mid-exec. The
+sweep that the next sandbox in another process runs (`sweep_stale`) must remove every
+process, the tmpfs mount, the workspace directory and the cgroups it left; a live
+owner's sandbox in the same base directory must be left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from terminal_rsi.sandbox import SandboxSpec, open_sandbox
+from terminal_rsi.sandbox.local import sweep_stale
+from terminal_rsi.sandbox.procs import pids_of_uid, pids_with_cmdline, pids_with_env
+
+from .conftest import REPO, ROOT, need_bwrap
+
+OWNER = r"""
+import json, sys, threading, time
+from terminal_rsi.sandbox import SandboxSpec, open_sandbox
+sb = open_sandbox(SandboxSpec(memory_mb=128, disk_mb=16), backend=sys.argv[1],
+                  base_dir=sys.argv[2])
+print(json.dumps({"id": sb.id, "root": sb.root, "uid": sb.uid,
+                  "cgroups": list(sb.cgroup.dirs) if sb.cgroup else []}), flush=True)
+threading.Thread(target=sb.exec, args=(
+    "(sleep 987.801 &); setsid sleep 987.802 & sleep 987.803",), kwargs={"timeout": 600},
+    daemon=True).start()
+time.sleep(600)
+"""
+
+
+def _mounted(path: str) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+@pytest.mark.parametrize("backend", ["local-bwrap", "local-plain"])
+def test_sigkilled_owner_is_swept_at_the_next_start(backend):
+    if backend == "local-bwrap":
+        need_bwrap()
+    base = tempfile.mkdtemp(prefix="trsi-cleanup-", dir="/tmp")  # o+x up to / for the uids
+    os.chmod(base, 0o755)
+    live = open_sandbox(SandboxSpec(), backend=backend, base_dir=base)
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, backend, base], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+        tokens = [b"987.801", b"987.802", b"987.803"]
+        deadline = time.monotonic() + 20
+        while not all(pids_with_cmdline(t) for t in tokens):
+            assert time.monotonic() < deadline, "the owner's command did not start"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert os.path.isdir(info["root"])  # left behind until a sweep
+        assert sweep_stale(base) == 1
+        deadline = time.monotonic() + 10
+        while any(pids_with_cmdline(t) for t in tokens):
+            assert time.monotonic() < deadline, "processes of the killed owner survived"
+            time.sleep(0.05)
+        assert not pids_with_env(f"TRSI_SANDBOX={info['id']}".encode())
+        if info["uid"] is not None:
+            assert not pids_of_uid(info["uid"])
+        assert not os.path.exists(info["root"])
+        assert not _mounted(info["root"])
+        for d in info["cgroups"]:
+            assert not os.path.exists(d)
+        # the live owner's sandbox in the same directory is untouched
+        assert live.exec("echo alive", timeout=10).stdout == "alive\n"
+        assert sweep_stale(base) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        live.close()
+    assert os.listdir(base) == []
+    os.rmdir(base)
+
+
+@pytest.mark.skipif(not ROOT, reason="cgroups need root")
+def test_close_removes_cgroups_and_mount():
+    need_bwrap()
+    sb = open_sandbox(SandboxSpec(), backend="local-bwrap")
+    root, dirs = sb.root, list(sb.cgroup.dirs) if sb.cgroup else []
+    assert dirs, "a root host with writable cgroups gives every sandbox its groups"
+    assert _mounted(root)
+    sb.exec("sleep 100 &", timeout=5)
+    sb.close()
+    assert not os.path.exists(root) and not _mounted(root)
+    assert not any(os.path.exists(d) for d in dirs)
