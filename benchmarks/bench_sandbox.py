@@ -5,7 +5,10 @@
 Rows: exec round trip of ``true`` (p50, p95) for local-bwrap, local-plain,
 Docker, and the HTTP bridge (loopback) in front of local-bwrap and Docker;
 throughput (execs/s) with 16 concurrent sandboxes; sandbox creation time
-cold, and from the Docker warm pool. Needs root for the local backends' full
+cold, and from the Docker warm pool. A second table: file transfer
+(``put_tar`` then ``get_tar`` of 2,000 small files and of one 32 MiB file) on
+each backend against a bare ``tarfile`` extract and pack into a plain
+directory (no link checks, no uid) in the same run. Needs root for the local backends' full
 isolation, a running Docker engine and the sandbox image for the Docker rows.
 """
 
@@ -46,7 +49,7 @@ def round_trips(fn, n):
 def start_server(backend: str, tmp: str):
     token = secrets.token_hex(16)
     tf = os.path.join(tmp, f"tok-{backend}")
-    with open(tf, "w") as f:
+    with open(os.open(tf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(token)
     pf = os.path.join(tmp, f"port-{backend}")
     proc = subprocess.Popen([sys.executable, "-m", "terminal_rsi.sandbox.serve",
@@ -70,6 +73,53 @@ def start_server(backend: str, tmp: str):
             time.sleep(0.05)
     c.close()
     return proc, url, token
+
+
+def transfer_payloads() -> dict[str, bytes]:
+    from terminal_rsi.sandbox.base import files_to_tar
+
+    small = {f"d{i % 20}/f{i}.txt": b"x" * 200 for i in range(2000)}
+    return {"2,000 files x 200 B": files_to_tar(small),
+            "1 file x 32 MiB": files_to_tar({"big.bin": os.urandom(32 << 20)})}
+
+
+def bare_transfer(data: bytes) -> None:
+    """The baseline: tarfile extract into a fresh directory, then pack it again."""
+    import io
+    import tarfile
+
+    d = tempfile.mkdtemp(prefix="trsi-bench-bare-")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            tf.extractall(d, filter="data")
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tf:
+            tf.add(d, arcname=".")
+    finally:
+        shutil.rmtree(d)
+
+
+def transfer_table(targets, n: int) -> None:
+    payloads = transfer_payloads()
+    print("\nfile transfer: put_tar then get_tar('.') of the same stream (median of "
+          f"{n}); baseline: bare tarfile extract + pack in a temp dir\n")
+    print("| backend | payload | ms | / baseline |")
+    print("|---|---|---:|---:|")
+    for label, data in payloads.items():
+        base = statistics.median(round_trips(lambda data=data: bare_transfer(data), n))
+        print(f"| bare tarfile (baseline) | {label} | {base * 1e3:.1f} | 1.0x |")
+        for name, backend, kw in targets:
+            with open_sandbox(SandboxSpec(disk_mb=256, memory_mb=1024), backend=backend,
+                              **kw) as sb:
+                times = []
+                for _ in range(n + 1):  # the first is a warm-up
+                    sb.exec("rm -rf ./*", timeout=60)
+                    t0 = time.perf_counter()
+                    sb.put_tar(data)
+                    sb.get_tar(".", max_bytes=64 << 20)
+                    times.append(time.perf_counter() - t0)
+                t = statistics.median(times[1:])
+            print(f"| {name} | {label} | {t * 1e3:.1f} | {t / base:.1f}x |")
 
 
 class _Bare:
@@ -110,6 +160,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--per", type=int, default=5, help="execs per sandbox in the throughput run")
     ap.add_argument("--skip-docker", action="store_true")
+    ap.add_argument("--transfer-n", type=int, default=5, help="repeats of each transfer")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="trsi-bench-")
     spec = SandboxSpec()
@@ -158,6 +209,7 @@ def main() -> int:
                 sb.close()
             be.close()
             rows = [r if r[0] != "docker" else (*r[:5], statistics.median(warm)) for r in rows]
+        table_targets = targets
     finally:
         for p in servers:
             p.send_signal(signal.SIGTERM)
@@ -175,6 +227,7 @@ def main() -> int:
         f = (lambda v: "-" if v is None else f"{v * 1e3:.1f}")
         print(f"| {name} | {p50 * 1e3:.1f} | {p95 * 1e3:.1f} | {p50 / b50:.1f}x | {tp:.0f} "
               f"| {f(cold)} | {f(warm)} |")
+    transfer_table([t for t in table_targets if not t[0].startswith("bridge")], args.transfer_n)
     return 0
 
 

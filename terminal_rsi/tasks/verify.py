@@ -251,6 +251,7 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *, allow_plain
         raise EnvironmentUnavailable(
             f"task {task.id}: its Dockerfile has steps a local sandbox cannot reproduce: "
             + "; ".join(env.unsupported) + ". Use backend='docker'")
+    check_plain_allowed(task, backend, allow_plain)
     sb = open_sandbox(_spec_for(task, image), backend=backend, allow_plain=allow_plain,
                       **sandbox_kwargs)
     try:
@@ -564,6 +565,8 @@ def verify(
     vdir = f"{VERIFIER_DIR_PREFIX}_{uuid.uuid4().hex[:12]}"
     test_dir, logs_dir = f"{vdir}/tests", f"{vdir}/logs"
     owned = None
+    sandbox_kwargs = dict(sandbox_kwargs or {})
+    allow_plain = sandbox_kwargs.pop("allow_plain", allow_plain)
     if allow_plain is None:
         allow_plain = getattr(sb, "mode", None) == "plain"
     try:
@@ -584,7 +587,7 @@ def verify(
                 return sb
             if owned is None:
                 owned = open_sandbox(_spec_for(task, image), backend=backend,
-                                     allow_plain=allow_plain, **dict(sandbox_kwargs or {}))
+                                     allow_plain=allow_plain, **sandbox_kwargs)
                 owned.put_tar(artifacts)
             return owned
 

@@ -19,6 +19,7 @@ from terminal_rsi.tasks.verify import ctrf_plugin_version, pytest_runtime_tar
 from tests.tasks.conftest import harbor_files, tb_files, write
 
 BACKEND = "local"  # bubblewrap where available: the host's read-only /usr, no host python libs
+PLAIN = {"allow_plain": True}  # tasks from disk run on local-plain only when allowed
 
 
 def test_plugin_pinned():
@@ -105,7 +106,7 @@ def test_harbor_reward_file_is_terminal_verdict(harbor_dir):
 def test_harbor_reward_json_without_ctrf(tmp_path):
     root = write(tmp_path / "h", harbor_files(**{
         "tests/test.sh": "#!/bin/bash\necho '{\"reward\": 1.0}' > /logs/verifier/reward.json\n"}))
-    r = run_reference(load_harbor_task(root), backend="local-plain")
+    r = run_reference(load_harbor_task(root), backend="local-plain", sandbox_kwargs=PLAIN)
     assert r.reward == 1.0 and r.S == 1
     assert not r.report.valid and "no CTRF report" in r.report.reason  # falls back to S
 
@@ -120,7 +121,7 @@ def test_verifier_failures_are_typed(tmp_path, script, kind):
         "tests/test.sh": "#!/bin/bash\n" + script,
         "task.toml": "[verifier]\ntimeout_sec = 2\n"}))
     with pytest.raises(VerifierError) as e:
-        run_reference(load_harbor_task(root), backend="local-plain")
+        run_reference(load_harbor_task(root), backend="local-plain", sandbox_kwargs=PLAIN)
     assert e.value.kind == kind
 
 
@@ -134,7 +135,7 @@ def test_pytest_usage_error_is_crash(tmp_path):
     bad = dataclasses.replace(task, verifier=dataclasses.replace(
         task.verifier, command="--no-such-option"))
     with pytest.raises(VerifierError) as e:
-        run_reference(bad, backend="local-plain")
+        run_reference(bad, backend="local-plain", sandbox_kwargs=PLAIN)
     assert e.value.kind == "crash"
 
 
@@ -195,7 +196,7 @@ def test_bad_report_is_invalid_and_falls_back_to_reward(tmp_path, ctrf, problem)
     root = write(tmp_path / "h", harbor_files(**{
         "tests/test.sh": f"#!/bin/bash\necho '{ctrf}' > /logs/verifier/ctrf.json\n"
                          "echo 1 > /logs/verifier/reward.txt\n"}))
-    r = run_reference(load_harbor_task(root), backend="local-plain")
+    r = run_reference(load_harbor_task(root), backend="local-plain", sandbox_kwargs=PLAIN)
     assert not r.report.valid and problem in r.report.reason, r.report.reason
     assert r.S == 1 and r.P == 0 and r.ctrf is None and "ctrf.json" in r.artifacts
 
@@ -211,7 +212,8 @@ def test_sandbox_without_pytest_is_a_crash_not_a_zero(tb_dir):
             pytest.skip("this host's system python has pytest and pytest-json-ctrf >= 0.6")
     task = load_terminal_bench_task(tb_dir)
     with pytest.raises(VerifierError) as e:
-        run_reference(task, backend="local-plain", pytest_runtime="sandbox")
+        run_reference(task, backend="local-plain", pytest_runtime="sandbox",
+                      sandbox_kwargs=PLAIN)
     assert e.value.kind == "crash" and "pytest" in str(e.value)
     assert "stdout.txt" in e.value.artifacts
 
