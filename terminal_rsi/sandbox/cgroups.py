@@ -5,10 +5,12 @@ A local sandbox gets one control group per controller, made under the cgroup its
 owner's own limits:
 
 - cgroup v2 (unified hierarchy with the ``memory`` and ``pids`` controllers enabled for
-  children): one group with ``memory.max``, ``memory.swap.max = 0`` and ``pids.max``;
+  children): one group with ``memory.max``, ``memory.swap.max = 0``, ``pids.max`` and,
+  where the ``cpu`` controller is there too, ``cpu.max`` (the spec's CPU share);
 - cgroup v1: a ``memory`` group (``memory.limit_in_bytes``, and
-  ``memory.memsw.limit_in_bytes`` where swap accounting exists) and a ``pids`` group
-  (``pids.max``).
+  ``memory.memsw.limit_in_bytes`` where swap accounting exists), a ``pids`` group
+  (``pids.max``) and, where the ``cpu`` controller is mounted, a ``cpu`` group
+  (``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``).
 
 Every exec writes its own pid into the groups' ``cgroup.procs`` before it drops to the
 sandbox uid (see ``local.py``), so every process it starts is counted and the kernel's
@@ -97,6 +99,10 @@ def remove_dirs(dirs) -> None:
             pass  # still busy: the next sweep retries
 
 
+def _quota(cpus: float) -> int:
+    return max(1000, int(cpus * CPU_PERIOD_US))
+
+
 def _v2_parent() -> str | None:
     own = _own_path("")
     if own is None or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
@@ -117,8 +123,16 @@ def _v2_parent() -> str | None:
     return parent
 
 
-def create(name: str, memory_bytes: int, pids: int) -> tuple[SandboxCgroup | None, str]:
-    """Make the groups of sandbox ``name``; (groups, "") or (None, why not)."""
+CPU_PERIOD_US = 100_000
+
+
+def create(name: str, memory_bytes: int, pids: int,
+           cpus: float | None = None) -> tuple[SandboxCgroup | None, str]:
+    """Make the groups of sandbox ``name``; (groups, "") or (None, why not).
+
+    Memory and pids are required; the CPU quota (``cpus`` cores) is applied where the
+    cpu controller is available and skipped otherwise.
+    """
     if os.geteuid() != 0:
         return None, "cgroups need root"
     made: list[str] = []
@@ -132,6 +146,8 @@ def create(name: str, memory_bytes: int, pids: int) -> tuple[SandboxCgroup | Non
             if os.path.exists(os.path.join(d, "memory.swap.max")):
                 _write(os.path.join(d, "memory.swap.max"), "0")
             _write(os.path.join(d, "pids.max"), str(pids))
+            if cpus and os.path.exists(os.path.join(d, "cpu.max")):
+                _write(os.path.join(d, "cpu.max"), f"{_quota(cpus)} {CPU_PERIOD_US}")
             return SandboxCgroup((d,), 2), ""
         mem_own, pids_own = _own_path("memory"), _own_path("pids")
         if mem_own is None or pids_own is None:
@@ -146,7 +162,17 @@ def create(name: str, memory_bytes: int, pids: int) -> tuple[SandboxCgroup | Non
         if os.path.exists(os.path.join(mem, "memory.memsw.limit_in_bytes")):
             _write(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(memory_bytes))
         _write(os.path.join(pid, "pids.max"), str(pids))
-        return SandboxCgroup((mem, pid), 1), ""
+        cpu_own = _own_path("cpu")
+        if cpus and cpu_own is not None:
+            cpu = os.path.join(CGROUP_ROOT, "cpu", cpu_own.lstrip("/"), name)
+            try:
+                os.mkdir(cpu)
+            except OSError:
+                return SandboxCgroup(tuple(made), 1), ""  # no CPU quota here: optional
+            made.append(cpu)
+            _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(_quota(cpus)))
+        return SandboxCgroup(tuple(made), 1), ""
     except OSError as e:
         remove_dirs(reversed(made))
         return None, f"cannot create cgroups here: {e}"

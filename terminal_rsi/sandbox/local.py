@@ -218,7 +218,8 @@ class LocalSandbox(Sandbox):
                 log.warning("no tmpfs for the workspace (%s); only RLIMIT_FSIZE bounds disk",
                             r.stderr.decode(errors="replace").strip())
             self.cgroup, why = (cgroups.create(f"trsi-{self.id}", self.spec.memory_mb << 20,
-                                               self.spec.pids) if _pdeathsig()
+                                               self.spec.pids, self.spec.cpus)
+                                if _pdeathsig()
                                 else (None, "setpriv (util-linux) is missing"))
             if self.cgroup is None and not _cgroup_note:
                 _cgroup_note.append(why)
