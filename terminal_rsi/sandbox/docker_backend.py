@@ -1,42 +1,98 @@
 """Docker sandboxes (Docker SDK for Python) and a warm pool of started containers.
 
 Each sandbox is one container started from a locally built image
-(``python -m terminal_rsi.sandbox.image build``) with: network ``none``
-(``network=True`` uses the host network; the daemon here runs without a
-bridge), memory = memory+swap cap, CPU quota, PID limit, all capabilities
-dropped, ``no-new-privileges``, user 1000:1000, a read-only root filesystem,
-and two size-limited tmpfs mounts: ``/workspace`` and ``/tmp``.
+(``python -m terminal_rsi.sandbox.image build``). What holds, with ``spec`` its
+:class:`SandboxSpec`:
 
-Commands run through ``docker exec`` as
+Container
+    network ``none`` (``network=True`` uses the host network; the daemon here runs
+    without a bridge), all capabilities dropped, ``no-new-privileges``, user 1000:1000,
+    a read-only root filesystem, a private IPC namespace, ``RLIMIT_NOFILE`` =
+    ``spec.open_files``, no core dumps, and the ``none`` log driver (the sandbox user
+    can write to pid 1's stdout; a json log would grow on the host's disk unbounded).
+Memory and processes
+    the container's cgroup: memory = memory+swap = ``spec.memory_mb`` for the whole
+    process tree (tmpfs pages written by the sandbox count too), ``pids_limit`` =
+    ``spec.pids``, a CPU quota of ``spec.cpus``.
+Disk: one quota of ``spec.disk_mb`` for every writable place
+    ``/workspace``, ``/tmp`` and ``/dev/shm`` are three directories of ONE tmpfs of
+    ``disk_mb`` mounted on the host (``<tempdir>/trsi-dk-<id>``, root-only 0700) and
+    bind-mounted into the container; Docker's own ``/dev/shm`` is not mounted. This needs
+    the daemon to see this host's mounts and us to be root. Otherwise (a remote daemon,
+    a user-namespaced daemon, not root) the quota is split into three Docker tmpfs mounts
+    whose sizes sum to ``disk_mb``: the total still holds, each place gets a share
+    (:func:`_split_disk`). Engine API 1.45 volume subpaths would avoid the split; the
+    engines this targets (20.10, API 1.41) lack them. Nothing else is writable.
+Commands
+    run through ``docker exec`` as
 
-    timeout -s KILL T bash -c CMD; rc=$?; kill -9 -1; kill -9 -1; exit $rc
+        timeout -s KILL T bash -c CMD; rc=$?; kill -9 -1; kill -9 -1; exit $rc
 
-The kill is a bash builtin run as the sandbox user: it signals every process
-of that user in the container except pid 1 (``sleep infinity``), so double-forked
-and ``setsid`` children die with the command and no new process is needed even
-when a fork bomb holds every PID. Output is read from the raw exec socket
-into head+tail caps. Files move through ``tar`` inside the container (stdin /
-stdout of an exec), so they land on the tmpfs and belong to the sandbox user.
+    The kill is a bash builtin run as the sandbox user: it signals every process of that
+    user in the container except pid 1, so double-forked and ``setsid`` children die
+    with the command and no new process is needed even when a fork bomb holds every PID.
+    A command can kill the wrapper itself; whenever the exec ends by a signal, a second
+    exec runs the same kill before ``exec`` returns (SandboxLost if it cannot).
+    Pid 1 is a bash loop that reaps what it adopts, so the zombies of killed orphans do
+    not keep holding PIDs. Output is read from the raw exec socket into head+tail
+    caps. A malformed request (NUL, lone surrogate, a command over 128 KiB, a bad env,
+    timeout or cwd) is a :class:`BadRequest` before anything reaches the engine
+    (``base.check_exec_args``).
+Files
+    move through GNU tar inside the container (stdin / stdout of an exec run as the
+    sandbox user, with an environment the caller cannot set), so they land on the
+    sandbox's tmpfs and belong to it. Uploads are checked while streaming before
+    anything is sent (``base.check_tar``: member count, ``disk_mb`` of file data, a
+    time budget); a member that passes through a symlink, whether planted in the
+    workspace by a command or earlier in the same archive, is refused, as is a ``dest``
+    that passes through one. Downloads never pass through a symlink either (the path's
+    directories must be real directories); links are archived as links, FIFOs, sockets
+    and devices are skipped, and the stream itself (headers included) is counted while
+    it arrives: past ``max_bytes`` or the member cap the exec is dropped at once (its
+    tar dies of SIGPIPE). Every failure of a file operation is a BadRequest naming
+    the path, never an ``OSError`` or a raw Docker error.
+Cleanup
+    ``close`` removes the container and unmounts its tmpfs. Containers carry owner
+    labels (hostname, boot id, pid namespace, pid, process start time); the first
+    sandbox or backend a process opens runs :func:`sweep_stale`, which removes the
+    containers and tmpfs mounts of owners on this host that are gone (a killed
+    trainer), and never those of live owners or of other hosts sharing the daemon.
 """
 
 from __future__ import annotations
 
+import bz2
+import collections
+import ctypes
+import errno
+import glob
+import gzip
+import io
+import json
 import logging
+import lzma
 import os
+import posixpath
 import queue
+import selectors
+import shutil
 import socket
 import struct
+import tarfile
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from terminal_rsi.sandbox import procs
 from terminal_rsi.sandbox.base import (
     MARKER_ENV,
     ExecResult,
     OutputCap,
     Sandbox,
     SandboxSpec,
+    TarLimits,
     check_exec_args,
     check_tar,
     safe_relpath,
@@ -51,12 +107,24 @@ from terminal_rsi.sandbox.errors import (
 log = logging.getLogger(__name__)
 
 LABEL = "terminal_rsi.sandbox"
+OWNER_LABELS = ("pid", "start", "boot", "host", "pidns")  # LABEL + "." + name
+DISK_LABEL = LABEL + ".disk"  # host path of the sandbox's tmpfs ("" when split)
 WORKDIR = "/workspace"
 USER = "1000:1000"
+DISK_PREFIX = "trsi-dk-"
 _WRAPPER = ('exec 3>&2 2>/dev/null; timeout -s KILL "$0" "$@" 2>&3 3>&-; rc=$?; '
             'kill -9 -1; kill -9 -1; exit $rc')
+# pid 1 of every container: it reaps the orphans a command leaves (``sleep infinity`` would
+# keep their zombies, each holding one of spec.pids for good); ``kill -9 -1`` spares pid 1.
+_INIT = ["/bin/bash", "-c", "while :; do sleep 86400 & wait $!; done"]
 _GRACE_S = 15.0
 _close_lock = threading.Lock()
+# The environment of the machinery's own execs (tar): nothing of the spec or the agent.
+_TOOL_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+             "LC_ALL": "C", "TAR_OPTIONS": "", "BASH_ENV": "", "ENV": "", "CDPATH": ""}
+
+
+# ------------------------------------------------------------------------ engine
 
 
 def docker_client(timeout: int = 120):
@@ -106,24 +174,222 @@ def _pool_key(spec: SandboxSpec) -> tuple:
             spec.open_files)
 
 
-def _create_container(client, spec: SandboxSpec, sid: str):
-    from docker.types import Ulimit
+# ------------------------------------------------------------------------ owners
 
-    mnt = "rw,exec,nosuid,nodev"
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _me() -> dict[str, str]:
+    """This process as an owner: the values of the owner labels."""
+    pid = os.getpid()
+    return {"pid": str(pid), "start": str(procs.start_time(pid)), "boot": procs.boot_id(),
+            "host": socket.gethostname(), "pidns": _pid_namespace()}
+
+
+def _owner_gone(owner: Mapping[str, str], me: Mapping[str, str] | None = None) -> bool:
+    """True if ``owner`` (owner label values) was a process on this host that is gone.
+
+    Owners on another host, in another PID namespace, or without complete labels (made
+    by an older version) are never judged gone: their pids mean nothing here.
+    """
+    me = me or _me()
+    if any(not owner.get(k) for k in ("host", "boot", "pid")) or owner["host"] != me["host"]:
+        return False
+    if owner["boot"] != me["boot"]:
+        return True  # this host rebooted since: every process of that boot is gone
+    if owner.get("pidns") != me["pidns"]:
+        return False
+    try:
+        pid, start = int(owner["pid"]), int(owner.get("start", ""))
+    except ValueError:
+        return False
+    return not procs.alive(pid, start, owner["boot"])
+
+
+# ------------------------------------------------------------------------ disk
+
+
+_libc = None
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+_shared_disk: bool | None = None  # None: not decided yet in this process
+_shared_disk_lock = threading.Lock()
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _split_disk(disk_mb: int) -> tuple[int, int, int]:
+    """Sizes (MiB) of /workspace, /tmp and /dev/shm when one shared tmpfs is not possible.
+
+    They sum to ``disk_mb`` (at least 3, one MiB each).
+    """
+    shm = max(1, disk_mb // 8)
+    tmp = max(1, disk_mb // 4)
+    return max(1, disk_mb - tmp - shm), tmp, shm
+
+
+def _shared_disk_possible(client) -> bool:
+    """Whether a host tmpfs bind-mounted into containers can work (decided once)."""
+    global _shared_disk
+    with _shared_disk_lock:
+        if _shared_disk is None:
+            why = ""
+            if os.geteuid() != 0:
+                why = "not root (cannot mount a tmpfs)"
+            elif not str(client.api.base_url).startswith("http+docker://localhost"):
+                why = f"the daemon is not on a local socket ({client.api.base_url})"
+            else:
+                try:
+                    opts = client.info().get("SecurityOptions") or []
+                except Exception as e:  # noqa: BLE001
+                    raise _map_error(e, "docker info") from e
+                if any("userns" in o for o in opts):
+                    why = "the daemon remaps user namespaces"
+            _shared_disk = not why
+            if why:
+                _note_split(why)
+        return _shared_disk
+
+
+def _note_split(why: str) -> None:
+    log.warning("Docker sandboxes: %s; disk_mb is split into separate tmpfs mounts for "
+                "/workspace, /tmp and /dev/shm (their sizes sum to disk_mb)", why)
+
+
+def _disk_base() -> str:
+    return tempfile.gettempdir()
+
+
+def _make_disk(sid: str, disk_mb: int) -> str:
+    """Mount a tmpfs of ``disk_mb`` with ws/, tmp/ and shm/ and an owner record; its path."""
+    root = os.path.join(_disk_base(), DISK_PREFIX + sid)
+    os.mkdir(root, 0o700)
+    try:
+        if _c().mount(b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                      f"size={disk_mb}m,mode=0700".encode()) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mount tmpfs on {root}: {os.strerror(err)}")
+        for name, uid, mode in (("ws", 1000, 0o755), ("tmp", 0, 0o1777), ("shm", 0, 0o1777)):
+            path = os.path.join(root, name)
+            os.mkdir(path)
+            os.chown(path, uid, uid)
+            os.chmod(path, mode)
+        fd = os.open(os.path.join(root, "owner.json"),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(_me(), f)
+    except BaseException:
+        _remove_disk(root)
+        raise
+    return root
+
+
+def _is_disk_path(path: str) -> bool:
+    name = os.path.basename(path)
+    return (os.path.isabs(path) and name.startswith(DISK_PREFIX) and len(name) > len(DISK_PREFIX)
+            and all(ch.isalnum() or ch == "-" for ch in name[len(DISK_PREFIX):]))
+
+
+def _remove_disk(root: str) -> None:
+    """Unmount (lazily: a container still holding it keeps it until it goes) and remove."""
+    if not root or not _is_disk_path(root):
+        return
+    for _ in range(8):  # a sandbox's tmpfs is mounted once; stacked mounts are not expected
+        if _c().umount2(root.encode(), _MNT_DETACH) != 0:
+            break
+    try:
+        os.rmdir(root)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if e.errno == errno.ENOTEMPTY:  # never mounted: a plain directory
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            log.warning("removing the sandbox disk %s failed: %s", root, e)
+
+
+# ------------------------------------------------------------------------ containers
+
+
+class _Box:
+    """A started container and the host tmpfs it uses (``disk`` is "" when split)."""
+
+    def __init__(self, container, disk: str):
+        self.container, self.disk = container, disk
+        self.id = container.id
+
+    def destroy(self) -> None:
+        try:
+            self.container.remove(force=True, v=True)
+        except Exception as e:  # noqa: BLE001
+            import docker
+
+            if not isinstance(e, docker.errors.NotFound):
+                log.warning("removing container %s failed: %s", self.id[:12], e)
+        _remove_disk(self.disk)
+
+
+def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
+    """Start a container for ``spec``: one tmpfs for every writable place when possible."""
+    global _shared_disk
+    if _shared_disk_possible(client):
+        try:
+            disk = _make_disk(sid, spec.disk_mb)
+        except OSError as e:
+            _shared_disk = False
+            _note_split(f"mounting a tmpfs failed ({e})")
+        else:
+            try:
+                return _Box(_run_container(client, spec, sid, disk), disk)
+            except BadRequest as e:
+                _remove_disk(disk)
+                if "bind source path does not exist" not in str(e):
+                    raise
+                _shared_disk = False
+                _note_split("the daemon does not see this host's mounts")
+            except BaseException:
+                _remove_disk(disk)
+                raise
+    return _Box(_run_container(client, spec, sid, ""), "")
+
+
+def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
+    from docker.types import Mount, Ulimit
+
+    if disk:
+        places = {"mounts": [Mount(target, os.path.join(disk, sub), type="bind")
+                             for target, sub in ((WORKDIR, "ws"), ("/tmp", "tmp"),
+                                                 ("/dev/shm", "shm"))]}
+    else:
+        ws, tmp, shm = _split_disk(spec.disk_mb)
+        places = {"tmpfs": {
+            WORKDIR: f"rw,exec,nosuid,nodev,size={ws}m,uid=1000,gid=1000,mode=0755",
+            "/tmp": f"rw,exec,nosuid,nodev,size={tmp}m,mode=1777",
+            "/dev/shm": f"rw,exec,nosuid,nodev,size={shm}m,mode=1777"}}
+    labels = {LABEL: sid, DISK_LABEL: disk}
+    labels.update({f"{LABEL}.{k}": v for k, v in _me().items()})
     try:
         return client.containers.run(
-            spec.image, ["sleep", "infinity"], detach=True, name=f"trsi-{sid}",
+            spec.image, _INIT, detach=True, name=f"trsi-{sid}",
             hostname="sandbox", user=USER, working_dir=WORKDIR,
-            network_mode="host" if spec.network else "none",
+            network_mode="host" if spec.network else "none", ipc_mode="private",
             mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
             pids_limit=spec.pids, nano_cpus=int(spec.cpus * 1e9),
             cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-            tmpfs={WORKDIR: f"{mnt},size={spec.disk_mb}m,uid=1000,gid=1000,mode=0755",
-                   "/tmp": f"{mnt},size={spec.disk_mb}m,mode=1777"},
             ulimits=[Ulimit(name="nofile", soft=spec.open_files, hard=spec.open_files),
                      Ulimit(name="core", soft=0, hard=0)],
-            labels={LABEL: sid, LABEL + ".pid": str(os.getpid())},
-            stop_signal="SIGKILL", init=False)
+            labels=labels, stop_signal="SIGKILL", init=False,
+            log_config={"type": "none"},  # pid 1's stdout is writable by the sandbox user
+            **places)
     except Exception as e:  # noqa: BLE001
         import docker
 
@@ -131,11 +397,99 @@ def _create_container(client, spec: SandboxSpec, sid: str):
             raise BadRequest(
                 f"image {spec.image!r} not found; build it with "
                 "`python -m terminal_rsi.sandbox.image build`") from e
-        raise _map_error(e, "create container") from e
+        err = _map_error(e, "create container")
+        if isinstance(e, docker.errors.APIError):
+            # A container created but not started would hold the mount: remove it by name.
+            try:
+                client.api.remove_container(f"trsi-{sid}", force=True)
+            except Exception:  # noqa: BLE001
+                pass
+        raise err from e
+
+
+# ------------------------------------------------------------------------ sweep
+
+
+_swept: set[str] = set()
+_sweep_lock = threading.Lock()
+
+
+def sweep_stale(client=None, *, once: bool = False, min_age_s: float = 60.0) -> int:
+    """Remove the sandbox containers and tmpfs mounts of owners on this host that are gone.
+
+    A container is stale when its owner labels name a process of this host that no longer
+    runs (same hostname and PID namespace, pid absent or reused: another start time, or
+    another boot). A tmpfs directory ``<tempdir>/trsi-dk-*`` is stale when the owner
+    record inside it is, or when it has none and is older than ``min_age_s`` (a creation
+    interrupted before the record was written). With ``once``, the sweep runs at most once
+    per process and daemon. Returns how many containers and mounts were removed.
+    """
+    client = client or docker_client()
+    key = str(client.api.base_url)
+    if once:
+        with _sweep_lock:
+            if key in _swept:
+                return 0
+            _swept.add(key)
+    me = _me()
+    n = 0
+    try:
+        found = client.containers.list(all=True, filters={"label": LABEL})
+    except Exception as e:  # noqa: BLE001
+        raise _map_error(e, "list sandbox containers") from e
+    for c in found:
+        labels = c.labels or {}
+        owner = {k: labels.get(f"{LABEL}.{k}", "") for k in OWNER_LABELS}
+        if not _owner_gone(owner, me):
+            continue
+        _Box(c, labels.get(DISK_LABEL, "")).destroy()
+        log.warning("removed the stale sandbox container %s (owner pid %s on %s is gone)",
+                    c.name, owner["pid"], owner["host"])
+        n += 1
+    disks = glob.glob(os.path.join(_disk_base(), DISK_PREFIX + "*")) if os.geteuid() == 0 \
+        else []  # only root makes them
+    for root in disks:
+        if not _is_disk_path(root):
+            continue
+        try:
+            with open(os.path.join(root, "owner.json"), encoding="utf-8") as f:
+                owner = json.load(f)
+            stale = isinstance(owner, dict) and _owner_gone(
+                {k: str(owner.get(k, "")) for k in OWNER_LABELS}, me)
+        except (OSError, ValueError):
+            try:
+                stale = time.time() - os.lstat(root).st_mtime > min_age_s
+            except OSError:
+                stale = False
+        if stale:
+            _remove_disk(root)
+            n += 1
+    return n
+
+
+def remove_containers(client=None, pid: int | None = None) -> int:
+    """Remove every sandbox container (of process ``pid`` if given) and its tmpfs.
+
+    Returns the count of containers removed.
+    """
+    client = client or docker_client()
+    filt = {"label": [f"{LABEL}.pid={pid}"] if pid is not None else [LABEL]}
+    n = 0
+    for c in client.containers.list(all=True, filters=filt):
+        try:
+            c.remove(force=True, v=True)
+            n += 1
+        except Exception:  # noqa: BLE001
+            continue
+        _remove_disk((c.labels or {}).get(DISK_LABEL, ""))
+    return n
+
+
+# ------------------------------------------------------------------------ exec streams
 
 
 class _ExecSocket:
-    """A raw, multiplexed docker exec stream with deadlines."""
+    """A raw, multiplexed docker exec stream: stdin written while output is read."""
 
     def __init__(self, client, container_id: str, cmd: list[str], env: dict[str, str],
                  workdir: str, stdin: bool = False):
@@ -148,48 +502,90 @@ class _ExecSocket:
         except Exception as e:  # noqa: BLE001
             raise _map_error(e, "exec") from e
         self.api = api
+        self.has_stdin = stdin
         self._keep = sock
         self.sock: socket.socket = getattr(sock, "_sock", sock)
-        self.buf = b""
+        self._buf = bytearray()
+        self._left = 0  # payload bytes of the current frame still to come
+        self._sink = None
 
-    def send_all(self, data: bytes) -> None:
+    def pump(self, out, err, deadline: float, stdin: Iterable[bytes | memoryview] = ()
+             ) -> None:
+        """Write ``stdin`` (then close it) and demultiplex output into out/err (objects
+        with .feed) until EOF. TimeoutError at ``deadline``; a sink's exception ends it.
+
+        Writing stops quietly when the process stops reading: its exit status says why.
+        """
+        pending = collections.deque(memoryview(b).cast("B") for b in stdin if len(b))
+        writing = bool(pending)
+        if self.has_stdin and not writing:
+            self._shutdown_write()
+        sel = selectors.DefaultSelector()
+        self.sock.setblocking(False)
+        sel.register(self.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if writing
+                                                        else 0))
         try:
-            self.sock.sendall(data)
+            while True:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    raise TimeoutError
+                for _, events in sel.select(min(wait, 5.0)):
+                    if events & selectors.EVENT_WRITE and writing:
+                        writing = self._write_some(pending)
+                        if not writing:
+                            sel.modify(self.sock, selectors.EVENT_READ)
+                    if events & selectors.EVENT_READ:
+                        try:
+                            data = self.sock.recv(1 << 16)
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        except OSError as e:
+                            raise InfrastructureError(
+                                f"reading the exec stream failed: {e}") from e
+                        if not data:
+                            return
+                        self._demux(data, out, err)
+        finally:
+            sel.close()
+
+    def _write_some(self, pending: collections.deque) -> bool:
+        """Send what the socket takes now; False once everything is sent (or refused)."""
+        try:
+            while pending:
+                n = self.sock.send(pending[0][:1 << 20])
+                if n < len(pending[0]):
+                    pending[0] = pending[0][n:]
+                    return True
+                pending.popleft()
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:  # the process stopped reading (exited): its status tells why
+            pending.clear()
+        self._shutdown_write()
+        return False
+
+    def _shutdown_write(self) -> None:
+        try:
             self.sock.shutdown(socket.SHUT_WR)
-        except OSError as e:
-            raise InfrastructureError(f"writing to the exec stream failed: {e}") from e
+        except OSError:
+            pass
 
-    def _recv(self, deadline: float) -> bytes:
-        wait = deadline - time.monotonic()
-        if wait <= 0:
-            raise TimeoutError
-        self.sock.settimeout(wait)
-        try:
-            return self.sock.recv(1 << 16)
-        except TimeoutError:
-            raise
-        except OSError as e:
-            raise InfrastructureError(f"reading the exec stream failed: {e}") from e
-
-    def pump(self, out, err, deadline: float) -> None:
-        """Demultiplex frames into out/err (objects with .feed) until EOF or deadline."""
-        while True:
-            while len(self.buf) >= 8:
-                kind, size = struct.unpack(">BxxxL", self.buf[:8])
-                if len(self.buf) < 8 + size:
-                    break
-                payload = self.buf[8:8 + size]
-                self.buf = self.buf[8 + size:]
-                (err if kind == 2 else out).feed(payload)
-            if len(self.buf) > 8:  # feed partial payloads early to bound memory
-                kind, size = struct.unpack(">BxxxL", self.buf[:8])
-                part = self.buf[8:]
-                (err if kind == 2 else out).feed(part)
-                self.buf = struct.pack(">BxxxL", kind, size - len(part))
-            data = self._recv(deadline)
-            if not data:
-                return
-            self.buf += data
+    def _demux(self, data: bytes, out, err) -> None:
+        """Feed the payload of docker's 8-byte-header frames to the right sink."""
+        self._buf += data
+        while self._buf:
+            if self._left == 0:
+                if len(self._buf) < 8:
+                    return
+                kind, self._left = struct.unpack(">BxxxL", self._buf[:8])
+                del self._buf[:8]
+                self._sink = err if kind == 2 else out
+                continue
+            take = min(self._left, len(self._buf))
+            chunk = bytes(self._buf[:take])
+            del self._buf[:take]
+            self._left -= take
+            self._sink.feed(chunk)
 
     def exit_code(self) -> int:
         for _ in range(200):
@@ -208,31 +604,193 @@ class _ExecSocket:
                 pass
 
 
-class _Bytes:
-    def __init__(self, limit: int):
+class _TarSink:
+    """Collects a tar stream, counting its bytes (headers included) and its members.
+
+    Raises BadRequest as soon as the stream passes ``max_bytes`` or ``max_members``, so
+    the caller drops the exec at once instead of reading the rest.
+    """
+
+    _NOT_MEMBERS = frozenset(b"LKxgX")  # GNU long names/links, pax headers
+
+    def __init__(self, max_bytes: int, max_members: int, what: str):
         self.parts: list[bytes] = []
         self.n = 0
-        self.limit = limit
+        self.members = 0
+        self.max_bytes, self.max_members, self.what = max_bytes, max_members, what
+        self._hdr: bytearray | None = bytearray()  # a header being collected, or None
+        self._skip = 0  # payload bytes before the next header
+        self._end = False
 
     def feed(self, data: bytes) -> None:
         self.n += len(data)
-        if self.n > self.limit:
-            raise BadRequest(f"download larger than max_bytes={self.limit}")
+        if self.n > self.max_bytes:
+            raise BadRequest(f"{self.what} is larger than max_bytes={self.max_bytes} "
+                             "(the tar stream, headers included)")
         self.parts.append(data)
+        self._scan(data)
+
+    def _scan(self, data: bytes) -> None:
+        i = 0
+        while i < len(data) and not self._end:
+            if self._hdr is None:
+                step = min(self._skip, len(data) - i)
+                i += step
+                self._skip -= step
+                if self._skip:
+                    return
+                self._hdr = bytearray()
+            take = min(512 - len(self._hdr), len(data) - i)
+            self._hdr += data[i:i + take]
+            i += take
+            if len(self._hdr) == 512:
+                self._header(bytes(self._hdr))
+                self._hdr = None
+
+    def _header(self, h: bytes) -> None:
+        if h == bytes(512):
+            self._end = True
+            return
+        try:
+            size = tarfile.nti(h[124:136])
+        except (tarfile.HeaderError, ValueError) as e:
+            raise InfrastructureError(f"{self.what}: unreadable tar header from tar: {e}") \
+                from e
+        self._skip = -(-size // 512) * 512
+        if h[156] not in self._NOT_MEMBERS:
+            self.members += 1
+            if self.members > self.max_members:
+                raise BadRequest(f"{self.what}: more than {self.max_members} entries to "
+                                 "download; fetch a smaller directory")
+
+    def value(self) -> bytes:
+        return b"".join(self.parts)
+
+
+# ------------------------------------------------------------------------ tar helpers
+
+# put: $@ are the dest components. stdin: "<n>\n", n bytes of NUL-separated paths (relative
+# to dest) that must not be symlinks, then the tar stream.
+_PUT_SCRIPT = r'''
+kill -9 -1 2>/dev/null  # no process of the sandbox runs while paths are checked and written
+cd /workspace || exit 5
+for c in "$@"; do
+  if [ -L "$c" ]; then
+    printf '%s is a symlink; workspace paths are never followed through links\n' "$c" >&2
+    exit 3
+  fi
+  if [ ! -d "$c" ]; then mkdir -- "$c" || exit 3; fi
+  cd -P -- "./$c" || exit 3
+done
+IFS= read -r n || exit 5
+if [ "$n" -gt 0 ]; then
+  dd bs=65536 count="$n" iflag=count_bytes,fullblock status=none |
+    xargs -0 -r sh -c 'for p do if [ -L "$p" ]; then
+      printf "%s is a symlink; uploads are never written through links\n" "$p" >&2; exit 3
+    fi; done' sh || exit 3
+fi
+exec tar -x --no-same-owner --no-overwrite-dir -f -
+'''
+
+# get: $@ are the path's components ("." alone for the workspace).
+_GET_SCRIPT = r'''
+kill -9 -1 2>/dev/null  # no process of the sandbox runs while paths are checked and read
+cd /workspace || exit 5
+p=.
+n=$#
+for ((i = 1; i <= n; i++)); do
+  c=${!i}
+  [ "$c" = . ] && continue
+  p=$p/$c
+  if [ -L "$p" ]; then
+    [ "$i" -eq "$n" ] && break
+    printf '%s is a symlink; workspace paths are never followed through links\n' "${p#./}" >&2
+    exit 3
+  fi
+  if [ ! -e "$p" ]; then printf '%s does not exist in the workspace\n' "${p#./}" >&2; exit 4; fi
+  if [ "$i" -lt "$n" ] && [ ! -d "$p" ]; then
+    printf '%s is not a directory\n' "${p#./}" >&2; exit 3
+  fi
+done
+if [ "$p" = . ]; then
+  { printf '.\0'; find . -mindepth 1 \( -type f -o -type d -o -type l \) -printf '%P\0'; }
+else
+  find "$p" \( -type f -o -type d -o -type l \) -print0 | sed -z 's,^\./,,'
+fi | tar -c --null --no-recursion --verbatim-files-from -T - --numeric-owner \
+         --ignore-failed-read --warning=no-file-changed -f -
+'''
+
+
+def _upload_stream(data: bytes, members: list[tarfile.TarInfo]) -> list[bytes | memoryview]:
+    """The archive as an uncompressed tar ending right after its last member.
+
+    Compressed uploads are decompressed here (GNU tar cannot detect compression on a
+    pipe), never past the end of the members ``check_tar`` read: a trailing bomb is not
+    expanded.
+    """
+    end = 0
+    for m in members:
+        end = max(end, m.offset_data + (-(-m.size // 512) * 512 if m.isreg() else 0))
+    head = bytes(data[:6])
+    opener = (gzip.GzipFile if head[:2] == b"\x1f\x8b" else
+              bz2.BZ2File if head[:3] == b"BZh" else
+              lzma.LZMAFile if head == b"\xfd7zXZ\x00" else None)
+    if opener is None:
+        body: bytes | memoryview = memoryview(data)[:end]
+    else:
+        try:
+            with opener(fileobj=io.BytesIO(data)) if opener is gzip.GzipFile \
+                    else opener(io.BytesIO(data)) as f:
+                body = f.read(end)
+        except (OSError, EOFError, lzma.LZMAError, ValueError) as e:
+            raise BadRequest(f"upload is not a readable compressed tar stream: {e}") from e
+    return [body, bytes(1024)]
+
+
+def _checked_paths(members: list[tarfile.TarInfo]) -> list[str]:
+    """Every directory an upload writes into or creates (relative to dest), refusing
+    members that pass through a symlink member of the same archive."""
+    links = {safe_relpath(m.name) for m in members if m.issym()}
+    paths: set[str] = set()
+    for m in members:
+        name = safe_relpath(m.name)
+        if name == ".":
+            continue
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in links:
+                raise BadRequest(f"tar member {m.name!r} passes through the symlink "
+                                 f"{prefix!r} of the same upload; links are never followed")
+            paths.add(prefix)
+        if m.isdir():
+            paths.add(name)
+    return sorted(paths)
+
+
+# ------------------------------------------------------------------------ sandbox
 
 
 class DockerSandbox(Sandbox):
-    """One container. Create through :class:`DockerBackend` (warm pool) or directly."""
+    """One container. Create through :class:`DockerBackend` (warm pool) or directly.
 
-    def __init__(self, spec: SandboxSpec | None = None, client=None, _container=None):
+    ``tar_limits`` caps downloads (members, time); uploads use the same with ``max_bytes``
+    set to the spec's ``disk_mb``.
+    """
+
+    tar_limits = TarLimits()
+
+    def __init__(self, spec: SandboxSpec | None = None, client=None, _box: _Box | None = None):
         self.spec = spec or SandboxSpec()
         self.client = client or docker_client()
         self.id = uuid.uuid4().hex[:16]
         self.workdir = WORKDIR
         self._lock = threading.RLock()
         self._closed = False
-        self.container = _container or _create_container(self.client, self.spec, self.id)
-        self.container_id = self.container.id
+        sweep_stale(self.client, once=True)
+        self.box = _box or _create_box(self.client, self.spec, self.id)
+        self.container = self.box.container
+        self.container_id = self.box.id
         try:
             if self.spec.files:
                 self.put_files(self.spec.files)
@@ -248,10 +806,10 @@ class DockerSandbox(Sandbox):
         out = dict(self.spec.env)
         out.update(env or {})
         out[MARKER_ENV] = self.id
-        for k, v in out.items():
-            if not isinstance(k, str) or not isinstance(v, str) or "\0" in k + v or "=" in k:
-                raise BadRequest(f"bad environment entry {k!r}={v!r}")
         return out
+
+    def _tool_env(self) -> dict[str, str]:
+        return {**_TOOL_ENV, MARKER_ENV: self.id}
 
     def _lost(self, what: str) -> SandboxLost:
         """Container unreachable mid-call: remove it so nothing leaks, report it lost."""
@@ -260,11 +818,13 @@ class DockerSandbox(Sandbox):
 
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
              cwd: str | None = None) -> ExecResult:
-        check_exec_args(command, timeout)
+        # Everything the engine would receive is checked here first (shared with every
+        # backend): NUL, lone surrogates, sizes, env names, timeout and cwd.
+        check_exec_args(command, timeout, env, cwd)
         with self._lock:
             self._check_open()
             rel = safe_relpath(cwd) if cwd else "."
-            workdir = os.path.normpath(os.path.join(WORKDIR, rel))
+            workdir = posixpath.normpath(posixpath.join(WORKDIR, rel))
             cmd = ["/bin/bash", "-c", _WRAPPER, f"{timeout:.3f}", "/bin/bash", "-c", command]
             out = OutputCap(self.spec.max_output_bytes)
             err = OutputCap(self.spec.max_output_bytes)
@@ -276,8 +836,6 @@ class DockerSandbox(Sandbox):
                 except TimeoutError:
                     raise self._lost("exec did not end within its timeout plus grace") from None
                 code = stream.exit_code()
-            except InfrastructureError:
-                raise
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -285,6 +843,10 @@ class DockerSandbox(Sandbox):
             finally:
                 stream.close()
             dt = time.monotonic() - t0
+            if code >= 128 or code < 0:
+                # Killed by a signal: perhaps the wrapper itself (the command can kill its
+                # grandparent), whose final kill then never ran.
+                self._reap()
             if code in (126, 127) and out.total < 4096 and "OCI runtime exec failed" in (
                     out.text() + err.text()):
                 msg = (out.text() + err.text()).strip()
@@ -300,63 +862,75 @@ class DockerSandbox(Sandbox):
                               timed_out=timed_out, truncated=out.truncated or err.truncated,
                               duration_s=dt)
 
+    def _reap(self) -> None:
+        """Kill every process of the sandbox user but pid 1; SandboxLost if impossible."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            out = OutputCap(4096)
+            code, msg = self._tool("reap", "kill -9 -1; kill -9 -1; exit 0", [], out,
+                                   deadline)
+            if code == 0:
+                return
+            if time.monotonic() > deadline - 0.5:  # e.g. an escaped fork bomb holds every pid
+                raise self._lost(f"processes of a command outlived it and could not be "
+                                 f"killed ({(out.text() + msg).strip()[-300:]})")
+            time.sleep(0.05)
+
+    def _tool(self, what: str, script: str, args: list[str], out, deadline: float,
+              stdin: list[bytes | memoryview] | None = None) -> tuple[int, str]:
+        """Run a machinery script as the sandbox user; (exit code, stderr text)."""
+        err = OutputCap(64 << 10)
+        stream = _ExecSocket(self.client, self.container_id,
+                             ["/bin/bash", "-c", script, "trsi", *args], self._tool_env(),
+                             WORKDIR, stdin=stdin is not None)
+        try:
+            stream.pump(out, err, deadline, stdin or ())
+            code = stream.exit_code()
+        except TimeoutError:
+            raise self._lost(f"{what} did not finish in {self.tar_limits.timeout_s:g} s") \
+                from None
+        except SandboxError:
+            raise  # a cap crossed (BadRequest): closing the stream ends the exec's tar
+        except Exception as e:  # noqa: BLE001
+            raise _map_error(e, what) from e
+        finally:
+            stream.close()
+        return code, err.text().strip()
+
     def put_tar(self, data: bytes, dest: str = ".") -> None:
-        check_tar(data)
-        rel = safe_relpath(dest)
+        limits = TarLimits(max_members=self.tar_limits.max_members,
+                           max_bytes=self.spec.disk_mb << 20,
+                           timeout_s=self.tar_limits.timeout_s)
+        members = check_tar(data, limits)
+        dest_parts = [p for p in safe_relpath(dest).split("/") if p != "."]
+        listing = b"\0".join(p.encode("utf-8", "surrogateescape")
+                             for p in _checked_paths(members))
+        stdin = [f"{len(listing)}\n".encode(), listing, *_upload_stream(data, members)]
         with self._lock:
             self._check_open()
-            target = os.path.normpath(os.path.join(WORKDIR, rel))
-            # -h is not given: tar never follows an existing symlink when writing members,
-            # and --no-overwrite-dir keeps directory modes; all runs as the sandbox user.
-            cmd = ["/bin/bash", "-c",
-                   'mkdir -p -- "$1" && cd -P -- "$1" && case "$PWD/" in /workspace/*) ;; '
-                   '*) echo "dest leaves the workspace" >&2; exit 3;; esac && '
-                   'exec tar -x --no-same-owner --no-overwrite-dir -f -', "trsi", target]
-            stream = _ExecSocket(self.client, self.container_id, cmd, self._env(None), WORKDIR,
-                                 stdin=True)
-            out, errb = _Bytes(1 << 20), _Bytes(1 << 20)
-            try:
-                stream.send_all(data)
-                stream.pump(out, errb, time.monotonic() + 120)
-                code = stream.exit_code()
-            except TimeoutError:
-                raise self._lost("put_tar did not finish in 120 s") from None
-            except SandboxError:
-                raise
-            except Exception as e:  # noqa: BLE001
-                raise _map_error(e, "put_tar") from e
-            finally:
-                stream.close()
-            if code != 0:
-                msg = b"".join(errb.parts).decode(errors="replace")[-2000:]
-                raise BadRequest(f"extracting upload into {dest!r} failed ({code}): {msg}")
+            code, msg = self._tool("put_tar", _PUT_SCRIPT, dest_parts, OutputCap(64 << 10),
+                                   time.monotonic() + limits.timeout_s, stdin)
+        if code == 5:
+            raise InfrastructureError(f"put_tar: the container's workspace is unusable: {msg}")
+        if code != 0:
+            if "No space left on device" in msg or "Wrote only" in msg:
+                msg = f"the sandbox disk (disk_mb={self.spec.disk_mb}) is full: {msg}"
+            raise BadRequest(f"extracting the upload into {dest!r} failed: {msg[-2000:]}")
 
     def get_tar(self, path: str = ".", max_bytes: int = 256 << 20) -> bytes:
-        rel = safe_relpath(path)
+        parts = safe_relpath(path).split("/")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise BadRequest(f"max_bytes must be a positive int, got {max_bytes!r}")
+        sink = _TarSink(max_bytes, self.tar_limits.max_members, f"download of {path!r}")
         with self._lock:
             self._check_open()
-            cmd = ["/bin/bash", "-c",
-                   'cd /workspace && r=$(realpath -m -- "$1") && case "$r/" in /workspace/*) ;; '
-                   '*) echo "path leaves the workspace" >&2; exit 3;; esac && '
-                   '[ -e "$1" -o -L "$1" ] || { echo "no such path" >&2; exit 4; } && '
-                   'exec tar -c --numeric-owner -f - -- "$1"', "trsi", rel]
-            stream = _ExecSocket(self.client, self.container_id, cmd, self._env(None), WORKDIR)
-            out, errb = _Bytes(max_bytes), _Bytes(1 << 20)
-            try:
-                stream.pump(out, errb, time.monotonic() + 120)
-                code = stream.exit_code()
-            except TimeoutError:
-                raise self._lost("get_tar did not finish in 120 s") from None
-            except SandboxError:
-                raise
-            except Exception as e:  # noqa: BLE001
-                raise _map_error(e, "get_tar") from e
-            finally:
-                stream.close()
-            if code != 0:
-                msg = b"".join(errb.parts).decode(errors="replace")[-2000:]
-                raise BadRequest(f"reading {path!r} from the workspace failed: {msg.strip()}")
-            return b"".join(out.parts)
+            code, msg = self._tool("get_tar", _GET_SCRIPT, parts, sink,
+                                   time.monotonic() + self.tar_limits.timeout_s)
+        if code == 5:
+            raise InfrastructureError(f"get_tar: the container's workspace is unusable: {msg}")
+        if code not in (0, 1):  # 1: a file changed while it was read
+            raise BadRequest(f"reading {path!r} from the workspace failed: {msg[-2000:]}")
+        return sink.value()
 
     def close(self) -> None:
         # No exec lock: removing the container ends an exec in flight.
@@ -364,13 +938,10 @@ class DockerSandbox(Sandbox):
             if self._closed:
                 return
             self._closed = True
-        try:
-            self.container.remove(force=True, v=True)
-        except Exception as e:  # noqa: BLE001
-            import docker
+        self.box.destroy()
 
-            if not isinstance(e, docker.errors.NotFound):
-                log.warning("removing container %s failed: %s", self.container_id[:12], e)
+
+# ------------------------------------------------------------------------ pool, backend
 
 
 class WarmPool:
@@ -379,7 +950,7 @@ class WarmPool:
     def __init__(self, client, spec: SandboxSpec, size: int):
         self.client, self.spec, self.size = client, spec, size
         self.key = _pool_key(spec)
-        self._q: queue.Queue = queue.Queue()
+        self._q: queue.Queue[_Box] = queue.Queue()
         self._stop = threading.Event()
         self._need = threading.Semaphore(size)
         self._thread = threading.Thread(target=self._fill, daemon=True, name="trsi-warm-pool")
@@ -392,21 +963,21 @@ class WarmPool:
             if self._stop.is_set():
                 break
             try:
-                c = _create_container(self.client, self.spec, "warm-" + uuid.uuid4().hex[:12])
-            except SandboxError as e:
+                box = _create_box(self.client, self.spec, "warm-" + uuid.uuid4().hex[:12])
+            except (SandboxError, OSError) as e:
                 log.warning("warm pool: %s", e)
                 self._need.release()
                 self._stop.wait(1.0)
                 continue
-            self._q.put(c)
+            self._q.put(box)
 
-    def take(self, wait_s: float = 0.0):
+    def take(self, wait_s: float = 0.0) -> _Box | None:
         try:
-            c = self._q.get(timeout=wait_s) if wait_s > 0 else self._q.get_nowait()
+            box = self._q.get(timeout=wait_s) if wait_s > 0 else self._q.get_nowait()
         except queue.Empty:
             return None
         self._need.release()
-        return c
+        return box
 
     def ready(self) -> int:
         return self._q.qsize()
@@ -417,13 +988,10 @@ class WarmPool:
         self._thread.join(timeout=120)
         while True:
             try:
-                c = self._q.get_nowait()
+                box = self._q.get_nowait()
             except queue.Empty:
                 break
-            try:
-                c.remove(force=True, v=True)
-            except Exception:  # noqa: BLE001
-                pass
+            box.destroy()
 
 
 class DockerBackend:
@@ -431,29 +999,16 @@ class DockerBackend:
 
     def __init__(self, client=None, warm: int = 0, warm_spec: SandboxSpec | None = None):
         self.client = client or docker_client()
+        sweep_stale(self.client, once=True)
         self.pool = WarmPool(self.client, warm_spec or SandboxSpec(), warm) if warm > 0 else None
 
     def open(self, spec: SandboxSpec | None = None) -> DockerSandbox:
         spec = spec or SandboxSpec()
-        c = None
+        box = None
         if self.pool is not None and _pool_key(spec) == self.pool.key:
-            c = self.pool.take()
-        return DockerSandbox(spec, client=self.client, _container=c)
+            box = self.pool.take()
+        return DockerSandbox(spec, client=self.client, _box=box)
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
-
-
-def remove_containers(client=None, pid: int | None = None) -> int:
-    """Remove every sandbox container (of process ``pid`` if given). Returns the count."""
-    client = client or docker_client()
-    filt = {"label": [f"{LABEL}.pid={pid}"] if pid is not None else [LABEL]}
-    n = 0
-    for c in client.containers.list(all=True, filters=filt):
-        try:
-            c.remove(force=True, v=True)
-            n += 1
-        except Exception:  # noqa: BLE001
-            pass
-    return n
