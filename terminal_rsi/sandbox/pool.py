@@ -7,15 +7,20 @@
 
 - Placement: the healthy endpoint with the fewest open sandboxes (ties in
   the given order).
-- Health: an endpoint that fails with an infrastructure error is marked down
-  for ``cooldown_s``; after that a health check (``GET /v1/health``) must pass
-  before it gets work again. ``pool.health()`` checks all endpoints now.
+- Health: an endpoint that fails to create a sandbox with an infrastructure error
+  is marked down for ``cooldown_s``; after that a health check (``GET /v1/health``)
+  must pass before it gets work again. A call on an open sandbox that fails with an
+  infrastructure error marks its endpoint down unless the endpoint still passes its
+  health check right then (the failure was that sandbox's, not the host's). A
+  ``BadRequest`` (the caller's fault, including every 4xx answer of a server) never
+  marks an endpoint down. ``pool.health()`` checks all endpoints now; ``pool.up()``
+  says which are up without checking.
 - Retries: only *sandbox creation* is retried, only on infrastructure errors
   (connection refused, 5xx, busy, engine gone), with exponential backoff, up to
   ``retries`` attempts in all, moving to other endpoints. Calls on an open
   sandbox are never retried (their effect is unknown): an InfrastructureError
   or SandboxLost there goes to the caller, who restarts the episode with a new
-  sandbox. The endpoint is marked down so the next sandbox lands elsewhere.
+  sandbox. An endpoint found down is skipped so the next sandbox lands elsewhere.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ class PooledSandbox(Sandbox):
         try:
             return fn(*args, **kw)
         except InfrastructureError:
-            self._pool._mark_down(self.endpoint)
+            self._pool._call_failed(self.endpoint)
             raise
 
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
@@ -138,6 +143,15 @@ class SandboxPool:
             ep.failures += 1
             ep.down_until = time.monotonic() + self.cooldown_s
         log.warning("sandbox endpoint %s marked down for %.0fs", ep.target, self.cooldown_s)
+
+    def _call_failed(self, ep: Endpoint) -> None:
+        """A call on an open sandbox of ``ep`` failed with an infrastructure error: mark ``ep``
+        down unless it still answers its health check (then only that sandbox is broken)."""
+        if ep.remote and ep.check():
+            log.warning("a call on a sandbox of %s failed but the endpoint is healthy; "
+                        "keeping it up", ep.target)
+            return
+        self._mark_down(ep)
 
     def _candidates(self) -> list[Endpoint]:
         now = time.monotonic()
@@ -206,6 +220,12 @@ class SandboxPool:
             else:
                 self._mark_down(ep)
         return out
+
+    def up(self) -> dict[str, bool]:
+        """Which endpoints are up now (not in a cooldown), without checking them."""
+        now = time.monotonic()
+        with self._lock:
+            return {ep.target: ep.down_until <= now for ep in self.endpoints}
 
     def stats(self) -> dict[str, int]:
         with self._lock:

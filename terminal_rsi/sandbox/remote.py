@@ -5,22 +5,37 @@ creation on infrastructure errors only):
 
 - connection refused/reset, protocol errors, read timeouts, HTTP 5xx -> InfrastructureError
 - 503 busy -> SandboxBusy (an InfrastructureError, retryable)
-- 410 -> SandboxLost; 400/413/401 -> BadRequest
+- 410 -> SandboxLost; 400/413/401 and any other 4xx -> BadRequest (a 4xx is never an
+  infrastructure error, so a bad request never marks a host down)
+- an answer that is not what the protocol says (not JSON, fields missing) -> InfrastructureError
+
+Token files (``load_token``, and the server's ``read_tokens``) must be regular files that only
+their owner may read (``chmod 600``): :func:`read_secret_file`.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
+import stat
 import uuid
 from collections.abc import Mapping
 
-from terminal_rsi.sandbox.base import ExecResult, Sandbox, SandboxSpec, safe_relpath
+from terminal_rsi.sandbox.base import (
+    ExecResult,
+    Sandbox,
+    SandboxSpec,
+    check_exec_args,
+    safe_relpath,
+)
 from terminal_rsi.sandbox.errors import (
     ERROR_TYPES,
     BadRequest,
     InfrastructureError,
     SandboxBusy,
+    SandboxError,
     SandboxLost,
 )
 
@@ -29,25 +44,75 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "TERMINAL_RSI_SANDBOX_TOKEN"
 TOKEN_FILE_ENV = "TERMINAL_RSI_SANDBOX_TOKEN_FILE"
+SANDBOX_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what a bridge hands out (hex ids)
+
+
+def read_secret_file(path: str, what: str = "token file", max_bytes: int = 1 << 20) -> str:
+    """The text of a secret file that only its owner may read, or BadRequest saying why not.
+
+    Refused: a symlink (opened with ``O_NOFOLLOW``), anything but a regular file, a mode that
+    grants group or other any access (``st_mode & 0o077``), more than ``max_bytes``, not UTF-8.
+    """
+    path = os.path.expanduser(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BadRequest(f"{what} {path} is a symbolic link; name the file itself") from None
+        raise BadRequest(f"cannot open {what} {path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadRequest(f"{what} {path} is not a regular file")
+        if st.st_mode & 0o077:
+            raise BadRequest(f"{what} {path} is accessible to group or other (mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}); it holds a secret: run "
+                             f"`chmod 600 {path}`")
+        if st.st_size > max_bytes:
+            raise BadRequest(f"{what} {path} is {st.st_size} bytes; the limit is {max_bytes}")
+        data = b""
+        while len(data) <= max_bytes and (chunk := os.read(fd, 1 << 16)):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise BadRequest(f"{what} {path} holds more than {max_bytes} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{what} {path} is not UTF-8 text") from None
 
 
 def load_token(token: str | None = None, token_file: str | None = None) -> str:
     """The bearer token: `token`, else the last field of the first line of `token_file`, else
     env TERMINAL_RSI_SANDBOX_TOKEN, else the file named by TERMINAL_RSI_SANDBOX_TOKEN_FILE (how
-    launched trainers that only name hosts in `tasks.backend` get theirs)."""
+    launched trainers that only name hosts in `tasks.backend` get theirs). A token file must be
+    a regular file of mode 600 (see `read_secret_file`)."""
     if token:
         return token
     if not token_file and os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV]
     token_file = token_file or os.environ.get(TOKEN_FILE_ENV)
     if token_file:
-        with open(token_file, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    return line.rpartition(":")[2]
+        for line in read_secret_file(token_file).splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                return line.rpartition(":")[2]
+        raise BadRequest(f"token file {token_file} holds no token")
     raise BadRequest("a bridge token is needed: pass token= or token_file=, or set "
                      f"{TOKEN_ENV} or {TOKEN_FILE_ENV}")
+
+
+def _answer(r, what: str, fields: tuple[str, ...] = ()) -> dict:
+    """The JSON object of a bridge answer; InfrastructureError if it is not what was promised."""
+    try:
+        data = r.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or any(f not in data for f in fields):
+        raise InfrastructureError(f"bridge {what}: the answer is not the protocol's JSON "
+                                  f"(status {r.status_code}): {r.text[:200]!r}")
+    return data
 
 
 class BridgeClient:
@@ -80,7 +145,7 @@ class BridgeClient:
             return r
         try:
             err = r.json()["error"]
-            kind, msg = err["kind"], err["message"]
+            kind, msg = str(err["kind"]), str(err["message"])
         except Exception:  # noqa: BLE001
             kind, msg = "", r.text[:500]
         if r.status_code == 401:
@@ -89,14 +154,19 @@ class BridgeClient:
             raise SandboxBusy(f"bridge {self.url}: {msg}")
         if r.status_code >= 500:
             raise InfrastructureError(f"bridge {self.url} answered {r.status_code}: {msg}")
+        if r.status_code == 410:
+            raise SandboxLost(f"bridge {self.url}: {msg}")
+        # Any other 4xx is the caller's: never an infrastructure error, whatever its kind says.
         cls = ERROR_TYPES.get(kind, BadRequest)
-        raise cls(f"bridge {self.url}: {msg}")
+        if issubclass(cls, InfrastructureError | SandboxLost) or cls is SandboxError:
+            cls = BadRequest
+        raise cls(f"bridge {self.url} answered {r.status_code}: {msg}")
 
     def health(self, timeout: float = 5.0) -> dict:
-        return self.request("GET", "/v1/health", timeout=timeout).json()
+        return _answer(self.request("GET", "/v1/health", timeout=timeout), f"{self.url} health")
 
     def metrics(self) -> dict:
-        return self.request("GET", "/v1/metrics").json()
+        return _answer(self.request("GET", "/v1/metrics"), f"{self.url} metrics")
 
     def close(self) -> None:
         self._http.close()
@@ -120,11 +190,15 @@ class RemoteSandbox(Sandbox):
         try:
             r = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_json()},
                                timeout=max(client.timeout, 120.0))
+            sid = _answer(r, f"{client.url} create", ("id",))["id"]
+            if not (isinstance(sid, str) and SANDBOX_ID.fullmatch(sid)):
+                raise InfrastructureError(f"bridge {client.url} create: the id {sid!r} is not "
+                                          "a sandbox id")
         except BaseException:
             if own:
                 client.close()
             raise
-        return cls(client, r.json()["id"], spec, own)
+        return cls(client, sid, spec, own)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -132,12 +206,18 @@ class RemoteSandbox(Sandbox):
 
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
              cwd: str | None = None) -> ExecResult:
+        check_exec_args(command, timeout, env, cwd)  # the server checks again, with its maxima
         self._check_open()
         body = {"command": command, "timeout": timeout, "env": dict(env) if env else None,
                 "cwd": cwd}
         r = self.client.request("POST", f"/v1/sandboxes/{self.id}/exec", json=body,
                                 timeout=timeout + 60.0)
-        return ExecResult.from_json(r.json())
+        data = _answer(r, f"{self.client.url} exec")
+        try:
+            return ExecResult.from_json(data)
+        except (KeyError, TypeError) as e:
+            raise InfrastructureError(f"bridge {self.client.url} exec: the answer is not an "
+                                      f"ExecResult ({e!r})") from e
 
     def put_tar(self, data: bytes, dest: str = ".") -> None:
         self._check_open()

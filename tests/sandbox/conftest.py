@@ -59,6 +59,7 @@ class BridgeServer:
         self.token_file = os.path.join(tmp_dir, "tokens")
         with open(self.token_file, "w") as f:
             f.write(f"tests:{self.token}\n")
+        os.chmod(self.token_file, 0o600)
         port_file = os.path.join(tmp_dir, "port")
         argv = [sys.executable, "-m", "terminal_rsi.sandbox.serve", f"--backend={backend}",
                 "--host=127.0.0.1", "--port=0", f"--port-file={port_file}",

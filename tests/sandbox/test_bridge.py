@@ -152,7 +152,8 @@ def test_exec_in_flight_when_server_stops(server):
 
 def test_health_and_metrics(server):
     h = server.client.health()
-    assert h["ok"] and h["backend"] == "local-bwrap"
+    assert h["ok"] and h["backend"] == "local-bwrap" and h["plain"] is False
+    assert h["limits"]["max_timeout_s"] == 3600 and h["limits"]["allow_network"] is False
     with open_sandbox(SandboxSpec(), backend=server.url, token=server.token) as sb:
         sb.exec("sleep 2", timeout=0.5)
     m = server.client.metrics()

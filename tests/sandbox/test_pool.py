@@ -125,6 +125,79 @@ def test_retries_only_infrastructure_errors(tmp_path):
         srv.stop()
 
 
+def test_bad_requests_never_mark_a_host_down(tmp_path, monkeypatch):
+    """The caller's mistakes, refused by the server (4xx) or before it, leave the host up."""
+    need_bwrap()
+    from terminal_rsi.sandbox import remote
+
+    token = secrets.token_hex(16)
+    srv = BridgeServer(str(tmp_path), token=token)
+    pool = SandboxPool([srv.url, "local-bwrap"], max_concurrent=2, token=token,
+                       backoff_s=0.01, cooldown_s=60)
+    try:
+        for spec, field in [(SandboxSpec(disk_mb=8192), "spec.disk_mb"),  # above its maxima
+                            (SandboxSpec(network=True), "spec.network")]:
+            with pytest.raises(BadRequest, match=field):
+                pool.open(spec)
+        # Let bad input through the client's own checks, so that the server must refuse it.
+        monkeypatch.setattr(remote, "check_exec_args", lambda *a, **k: None)
+        monkeypatch.setattr(remote, "safe_relpath", lambda p: p)
+        with pool.open() as sb:
+            assert sb.endpoint.target == srv.url
+            for kw, field in [({"command": "echo a\0b"}, "exec.command"),
+                              ({"command": "true", "env": {"A": "\0"}}, "exec.env"),
+                              ({"command": "true", "cwd": "a\0b"}, "exec.cwd"),
+                              ({"command": "true", "cwd": "/etc"}, "exec.cwd"),
+                              ({"command": "x" * 200_000}, "exec.command"),
+                              ({"command": "true", "timeout": 7200}, "exec.timeout"),
+                              ({"command": "true", "timeout": -1}, "exec.timeout")]:
+                with pytest.raises(BadRequest, match=field):
+                    sb.exec(**{"timeout": 5, **kw})
+            with pytest.raises(BadRequest, match="path"):
+                sb.get_tar("a\0b")
+            with pytest.raises(BadRequest, match="dest"):
+                sb.put_tar(b"", "../x")
+            with pytest.raises(BadRequest, match="tar"):
+                sb.put_tar(b"garbage" * 200)
+            assert sb.exec("echo still-fine", timeout=5).stdout == "still-fine\n"
+        assert pool.up() == {srv.url: True, "local-bwrap": True}
+        assert [ep.failures for ep in pool.endpoints] == [0, 0]
+        with pool.open() as sb:  # a tie goes to the first endpoint: it was never marked down
+            assert sb.endpoint.target == srv.url
+        m = srv.client.metrics()
+        assert m["errors_bad_request"] >= 12 and m.get("errors_infrastructure", 0) == 0
+    finally:
+        pool.close()
+        srv.stop()
+
+
+def test_a_failed_call_on_a_healthy_host_keeps_it_up(tmp_path):
+    """An infrastructure error of one sandbox marks its endpoint down only if the endpoint
+    fails its health check too; a dead server is marked down."""
+    need_bwrap()
+    token = secrets.token_hex(16)
+    srv = BridgeServer(str(tmp_path), token=token)
+    pool = SandboxPool([srv.url], max_concurrent=2, token=token, cooldown_s=60)
+    try:
+        with pool.open() as sb:
+            def broken(*a, **k):
+                raise InfrastructureError("this sandbox's engine hiccuped")
+
+            sb.inner.exec = broken
+            with pytest.raises(InfrastructureError):
+                sb.exec("true", timeout=5)
+        assert pool.up() == {srv.url: True}
+        sb = pool.open()
+        srv.stop()
+        with pytest.raises(InfrastructureError):
+            sb.exec("true", timeout=5)
+        assert pool.up() == {srv.url: False}
+        sb.close()
+    finally:
+        pool.close()
+        srv.stop()
+
+
 def test_all_endpoints_down_is_a_typed_error():
     pool = SandboxPool(["http://127.0.0.1:9"], token="x" * 32, retries=3, backoff_s=0.01)
     with pytest.raises(InfrastructureError) as ei:
