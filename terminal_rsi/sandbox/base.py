@@ -85,7 +85,9 @@ class SandboxSpec:
         if not isinstance(self.files, Mapping):
             raise BadRequest("SandboxSpec.files must map workspace paths to bytes")
         for path, data in self.files.items():
-            safe_relpath(path)
+            if safe_relpath(path) == ".":
+                raise BadRequest(f"SandboxSpec.files: {path!r} names the workspace itself; "
+                                 "give a file path inside it")
             if not isinstance(data, bytes):
                 raise BadRequest(f"SandboxSpec.files[{path!r}] must be bytes")
 

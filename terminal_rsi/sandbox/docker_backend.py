@@ -112,7 +112,8 @@ DISK_LABEL = LABEL + ".disk"  # host path of the sandbox's tmpfs ("" when split)
 WORKDIR = "/workspace"
 USER = "1000:1000"
 DISK_PREFIX = "trsi-dk-"
-_WRAPPER = ('exec 3>&2 2>/dev/null; timeout -s KILL "$0" "$@" 2>&3 3>&-; rc=$?; '
+# `command -p`: the wrapper's tools come from the system's default PATH, never the exec's env.
+_WRAPPER = ('exec 3>&2 2>/dev/null; command -p timeout -s KILL "$0" "$@" 2>&3 3>&-; rc=$?; '
             'kill -9 -1; kill -9 -1; exit $rc')
 # pid 1 of every container: it reaps the orphans a command leaves (``sleep infinity`` would
 # keep their zombies, each holding one of spec.pids for good); ``kill -9 -1`` spares pid 1.

@@ -69,6 +69,7 @@ from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError, Sandbox
 log = logging.getLogger(__name__)
 
 SANDBOX_WORKDIR = "/workspace"
+_HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _UID_LOW, _UID_HIGH = 2_000_000, 2_900_000
 _uids_in_use: set[int] = set()
 _uid_lock = threading.Lock()
@@ -114,9 +115,15 @@ def _check_traversable(path: str) -> None:
         p = os.path.dirname(p)
 
 
+def _tool(name: str) -> str | None:
+    """Absolute path of a host tool, looked up in the host's PATH (never the exec's env)."""
+    return shutil.which(name, path=_HOST_PATH)
+
+
 def _pdeathsig() -> list[str]:
     """Prefix that makes the exec's top process die with its parent (a killed server)."""
-    return ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+    setpriv = _tool("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def bwrap_available(as_root_drop: bool | None = None) -> bool:
@@ -125,13 +132,13 @@ def bwrap_available(as_root_drop: bool | None = None) -> bool:
     if drop in _bwrap_ok:
         return _bwrap_ok[drop]
     ok = False
-    if shutil.which("bwrap"):
+    if _tool("bwrap"):
         kw = {}
         if drop:
             kw = dict(user=65534, group=65534, extra_groups=[])
         try:
             r = subprocess.run(
-                ["bwrap", "--unshare-all", "--die-with-parent", *_bwrap_root_args(),
+                [_tool("bwrap"), "--unshare-all", "--die-with-parent", *_bwrap_root_args(),
                  "--proc", "/proc", "--dev", "/dev", "/bin/true"],
                 capture_output=True, timeout=20, **kw)
             ok = r.returncode == 0
@@ -255,7 +262,7 @@ class LocalSandbox(Sandbox):
             inner = ["/bin/bash", "-c", f'{guard}{self._ulimits(timeout)}; "$@"; exit $?',
                      "trsi", "/bin/bash", "-c", command]
         else:
-            bw = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+            bw = [_tool("bwrap"), "--unshare-all", "--die-with-parent", "--new-session"]
             if self.spec.network:
                 bw.append("--share-net")
             bw += _bwrap_root_args()
@@ -272,8 +279,8 @@ class LocalSandbox(Sandbox):
         # parent-death signal after the uid change, which would clear it).
         join = "".join(f'echo $$ > {shlex.quote(f)} || exit 112; '
                        for f in (self.cgroup.procs_files if self.cgroup else ()))
-        drop = (f'exec setpriv --reuid={self.uid} --regid={self.uid} --clear-groups '
-                f'--pdeathsig KILL -- "$@"')
+        drop = (f'exec {shlex.quote(_tool("setpriv"))} --reuid={self.uid} --regid={self.uid} '
+                f'--clear-groups --pdeathsig KILL -- "$@"')
         return ["/bin/bash", "-c", join + drop, "trsi", *inner]
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:

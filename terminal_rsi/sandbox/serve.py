@@ -494,16 +494,12 @@ class SandboxManager:
 
     @staticmethod
     def _clean_stale(base_dir: str) -> None:
-        """Remove workspaces a killed predecessor left in ``base_dir`` (its own dir)."""
-        import glob
-        import shutil
-        import subprocess
+        """Remove what a killed predecessor left in ``base_dir`` (its processes, tmpfs
+        mounts, workspaces and cgroups; `local.sweep_stale` keeps live owners' sandboxes)."""
+        from terminal_rsi.sandbox.local import sweep_stale
 
         os.makedirs(base_dir, exist_ok=True)
-        for d in glob.glob(os.path.join(base_dir, "trsi-sb-*")):
-            subprocess.run(["umount", "-l", d], capture_output=True)
-            shutil.rmtree(d, ignore_errors=True)
-            log.warning("removed stale workspace %s", d)
+        sweep_stale(base_dir, min_age_s=0.0)
 
     def create(self, owner: str, spec: SandboxSpec) -> str:
         self.limits.check_spec(vars(spec))

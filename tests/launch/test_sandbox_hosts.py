@@ -90,6 +90,7 @@ def test_unit_command_serves_and_health_check_passes(tmp_path):
     port = _free_port()
     token = tmp_path / "tokens"
     token.write_text("# comment\ntrainer:s3cret-0123456789abcdef\n")
+    token.chmod(0o600)
     _, _, args = sandbox_hosts.plan(["--hosts=localhost", "--backend=local", f"--port={port}",
                                      f"--remote-token-file={token}"])
     argv = sandbox_hosts.serve_argv(args)
@@ -98,7 +99,7 @@ def test_unit_command_serves_and_health_check_passes(tmp_path):
     argv = [sys.executable, *argv[1:]]
     argv = [a.replace("--host=0.0.0.0", "--host=127.0.0.1").replace(
         "--base-dir=/var/lib/terminal_rsi/sandboxes", f"--base-dir={tmp_path}")
-        .replace("--backend=local", "--backend=local-plain") for a in argv]
+        .replace("--backend=local", "--backend=local-plain") for a in argv] + ["--allow-plain"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         ok = subprocess.run(["bash", "-c", sandbox_hosts.health_command(port, str(token), 40)
@@ -107,6 +108,7 @@ def test_unit_command_serves_and_health_check_passes(tmp_path):
         assert '"ok"' in ok.stdout
         bad = tmp_path / "bad"
         bad.write_text("trainer:wrong-0123456789abcdef\n")
+        bad.chmod(0o600)
         no = subprocess.run(["bash", "-c", sandbox_hosts.health_command(port, str(bad), tries=1)
                              + "; exit 1"], capture_output=True, text=True, timeout=60)
         assert no.returncode == 1
@@ -119,11 +121,12 @@ def test_trainer_reaches_two_hosts_listed_in_backend(tmp_path, monkeypatch):
     token = "0123456789abcdef-tok1"
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = BridgeServer(str(tmp_path / "a"), backend="local-plain", token=token)
-    b = BridgeServer(str(tmp_path / "b"), backend="local-plain", token=token)
+    a = BridgeServer(str(tmp_path / "a"), backend="local-plain", token=token, allow_plain=True)
+    b = BridgeServer(str(tmp_path / "b"), backend="local-plain", token=token, allow_plain=True)
     try:
         token_file = tmp_path / "trainer_token"
         token_file.write_text(f"trainer:{token}\n")
+        token_file.chmod(0o600)
         monkeypatch.setenv("TERMINAL_RSI_SANDBOX_TOKEN_FILE", str(token_file))
         backend = f"{a.url},{b.url}"
         opened = [open_sandbox(SandboxSpec(files={"x.txt": b"hi\n"}), backend=backend)

@@ -64,7 +64,8 @@ class BridgeServer:
         argv = [sys.executable, "-m", "terminal_rsi.sandbox.serve", f"--backend={backend}",
                 "--host=127.0.0.1", "--port=0", f"--port-file={port_file}",
                 f"--token-file={self.token_file}"]
-        argv += [f"--{k.replace('_', '-')}={v}" for k, v in opts.items()]
+        argv += [f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"
+                 for k, v in opts.items()]
         self.log_path = os.path.join(tmp_dir, "server.log")
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=open(self.log_path, "w"),
                                      stderr=subprocess.STDOUT)

@@ -179,3 +179,12 @@ def test_context_manager_cleans_up(make_sandbox):
     with make_sandbox() as sb:
         sb.exec("sleep 30 &", timeout=5)
     assert_no_leftovers(sb.id)
+
+
+def test_the_exec_env_cannot_redirect_the_machinery(make_sandbox):
+    """The wrapper's own tools (setpriv, bwrap) come from the host's PATH, never the exec's."""
+    sb = make_sandbox()
+    r = sb.exec("echo ran", timeout=10, env={"PATH": "", "BASH_ENV": "/nonexistent"})
+    assert (r.exit_code, r.stdout) == (0, "ran\n")
+    with pytest.raises(BadRequest):
+        SandboxSpec(files={".": b"x"})
