@@ -69,7 +69,6 @@ from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError, Sandbox
 log = logging.getLogger(__name__)
 
 SANDBOX_WORKDIR = "/workspace"
-_HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _UID_LOW, _UID_HIGH = 2_000_000, 2_900_000
 _uids_in_use: set[int] = set()
 _uid_lock = threading.Lock()
@@ -116,8 +115,8 @@ def _check_traversable(path: str) -> None:
 
 
 def _tool(name: str) -> str | None:
-    """Absolute path of a host tool, looked up in the host's PATH (never the exec's env)."""
-    return shutil.which(name, path=_HOST_PATH)
+    """Absolute path of a host tool from this process's PATH (never the exec's env)."""
+    return shutil.which(name)
 
 
 def _pdeathsig() -> list[str]:

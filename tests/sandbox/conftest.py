@@ -7,11 +7,14 @@ on a dev machine.
 from __future__ import annotations
 
 import glob
+import io
 import os
+import posixpath
 import secrets
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -164,3 +167,35 @@ def assert_no_leftovers(sid: str, tokens: tuple[bytes, ...] = ()) -> None:
         time.sleep(0.02)
     assert not left, f"sandbox {sid} left processes behind: {left}"
     assert not glob.glob(f"/tmp/trsi-sb-{sid}-*"), f"sandbox {sid} left its workspace"
+
+
+def make_tar(members, mode: str = "w") -> bytes:
+    """A tar stream of (name, kind, payload) members; kind: file, dir, sym, hard or fifo."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tf:
+        for name, kind, payload in members:
+            ti = tarfile.TarInfo(name)
+            if kind == "file":
+                ti.size, ti.mode = len(payload), 0o640
+                tf.addfile(ti, io.BytesIO(payload))
+                continue
+            ti.type = {"dir": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE,
+                       "fifo": tarfile.FIFOTYPE}[kind]
+            if kind == "dir":
+                ti.mode = 0o755
+            if kind in ("sym", "hard"):
+                ti.linkname = payload
+            tf.addfile(ti)
+    return buf.getvalue()
+
+
+def tar_members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    """{normalized name: member} of a tar stream."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        return {posixpath.normpath(m.name): m for m in tf.getmembers()}
+
+
+def mounted(path: str) -> bool:
+    """True if ``path`` is a mount point in this process's mount namespace."""
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)

@@ -23,7 +23,7 @@ from terminal_rsi.sandbox import SandboxSpec, open_sandbox
 from terminal_rsi.sandbox.local import sweep_stale
 from terminal_rsi.sandbox.procs import pids_of_uid, pids_with_cmdline, pids_with_env
 
-from .conftest import REPO, ROOT, need_bwrap
+from .conftest import REPO, ROOT, mounted, need_bwrap
 
 OWNER = r"""
 import json, sys, threading, time
@@ -37,11 +37,6 @@ threading.Thread(target=sb.exec, args=(
     daemon=True).start()
 time.sleep(600)
 """
-
-
-def _mounted(path: str) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
 
 
 @pytest.mark.parametrize("backend", ["local-bwrap", "local-plain"])
@@ -72,7 +67,7 @@ def test_sigkilled_owner_is_swept_at_the_next_start(backend):
         if info["uid"] is not None:
             assert not pids_of_uid(info["uid"])
         assert not os.path.exists(info["root"])
-        assert not _mounted(info["root"])
+        assert not mounted(info["root"])
         for d in info["cgroups"]:
             assert not os.path.exists(d)
         # the live owner's sandbox in the same directory is untouched
@@ -92,8 +87,8 @@ def test_close_removes_cgroups_and_mount():
     sb = open_sandbox(SandboxSpec(), backend="local-bwrap")
     root, dirs = sb.root, list(sb.cgroup.dirs) if sb.cgroup else []
     assert dirs, "a root host with writable cgroups gives every sandbox its groups"
-    assert _mounted(root)
+    assert mounted(root)
     sb.exec("sleep 100 &", timeout=5)
     sb.close()
-    assert not os.path.exists(root) and not _mounted(root)
+    assert not os.path.exists(root) and not mounted(root)
     assert not any(os.path.exists(d) for d in dirs)

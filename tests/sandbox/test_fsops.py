@@ -7,17 +7,17 @@ beside it must stay untouched whatever the upload says.
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import socket
-import tarfile
 
 import pytest
 
 from terminal_rsi.sandbox import BadRequest
 from terminal_rsi.sandbox.base import TarLimits, files_to_tar
 from terminal_rsi.sandbox.fsops import extract, fs_identity, is_dir, pack
+
+from .conftest import make_tar, tar_members
 
 ROOT = os.geteuid() == 0
 
@@ -29,35 +29,6 @@ def dirs(tmp_path):
     outside.mkdir()
     (outside / "secret.txt").write_text("secret")
     return str(ws), str(outside)
-
-
-def _tar(members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, kind, payload in members:
-            ti = tarfile.TarInfo(name)
-            if kind == "dir":
-                ti.type = tarfile.DIRTYPE
-                ti.mode = 0o755
-                tf.addfile(ti)
-            elif kind == "sym":
-                ti.type, ti.linkname = tarfile.SYMTYPE, payload
-                tf.addfile(ti)
-            elif kind == "hard":
-                ti.type, ti.linkname = tarfile.LNKTYPE, payload
-                tf.addfile(ti)
-            elif kind == "fifo":
-                ti.type = tarfile.FIFOTYPE
-                tf.addfile(ti)
-            else:
-                ti.size, ti.mode = len(payload), 0o640
-                tf.addfile(ti, io.BytesIO(payload))
-    return buf.getvalue()
-
-
-def _names(data: bytes) -> dict[str, tarfile.TarInfo]:
-    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-        return {m.name: m for m in tf.getmembers()}
 
 
 def _snapshot(path: str) -> dict[str, bytes]:
@@ -72,17 +43,17 @@ def _snapshot(path: str) -> dict[str, bytes]:
 
 def test_roundtrip_files_dirs_and_links_of_any_target(dirs):
     ws, _ = dirs
-    n = extract(ws, _tar([("d", "dir", None), ("d/a.txt", "file", b"alpha"),
+    n = extract(ws, make_tar([("d", "dir", None), ("d/a.txt", "file", b"alpha"),
                           ("py", "sym", "/usr/bin/python3"), ("d/up", "sym", "../..")]))
     assert n == 4
     assert open(os.path.join(ws, "d/a.txt"), "rb").read() == b"alpha"
     assert os.stat(os.path.join(ws, "d/a.txt")).st_mode & 0o777 == 0o640
     assert os.readlink(os.path.join(ws, "py")) == "/usr/bin/python3"
-    got = _names(pack(ws, "."))
+    got = tar_members(pack(ws, "."))
     assert set(got) == {".", "d", "d/a.txt", "py", "d/up"}
     assert got["py"].issym() and got["py"].linkname == "/usr/bin/python3"
     assert got["d/a.txt"].isreg() and got["d/a.txt"].size == 5
-    sub = _names(pack(ws, "d"))
+    sub = tar_members(pack(ws, "d"))
     assert set(sub) == {"d", "d/a.txt", "d/up"}
 
 
@@ -110,7 +81,7 @@ def test_upload_over_a_planted_file_link_replaces_the_link(dirs):
 def test_link_member_then_member_through_it_is_refused(dirs):
     ws, outside = dirs
     with pytest.raises(BadRequest, match="link"):
-        extract(ws, _tar([("l", "sym", outside), ("l/evil.txt", "file", b"x")]))
+        extract(ws, make_tar([("l", "sym", outside), ("l/evil.txt", "file", b"x")]))
     assert not os.path.exists(os.path.join(outside, "evil.txt"))
 
 
@@ -141,7 +112,7 @@ def test_pathmax_link_chain_neither_escapes_nor_raises_oserror(dirs):
     assert _snapshot(outside) == before
     with pytest.raises(BadRequest):
         pack(ws, f"{last}/exit/secret.txt")
-    got = _names(pack(ws, "."))  # the chain comes out as links, nothing followed
+    got = tar_members(pack(ws, "."))  # the chain comes out as links, nothing followed
     assert got[last].issym() and got["exit"].linkname == outside
     assert not any(b"secret" in m.name.encode() for m in got.values())
 
@@ -153,7 +124,7 @@ def test_special_files_are_skipped_on_the_way_out(dirs):
     s.bind(os.path.join(ws, "sock"))
     try:
         open(os.path.join(ws, "ok.txt"), "w").write("ok")
-        got = _names(pack(ws, "."))  # a FIFO with no writer must not block the read
+        got = tar_members(pack(ws, "."))  # a FIFO with no writer must not block the read
     finally:
         s.close()
     assert set(got) == {".", "ok.txt"}
@@ -168,13 +139,13 @@ def test_special_files_are_skipped_on_the_way_out(dirs):
 def test_bad_members_are_refused_before_any_write(dirs, members, match):
     ws, _ = dirs
     with pytest.raises(BadRequest, match=match):
-        extract(ws, _tar([("first.txt", "file", b"1"), *members]))
+        extract(ws, make_tar([("first.txt", "file", b"1"), *members]))
     assert os.listdir(ws) == []  # checked before anything was written
 
 
 def test_caps_are_checked_while_streaming(dirs):
     ws, _ = dirs
-    many = _tar([(f"f{i}", "file", b"") for i in range(50)])
+    many = make_tar([(f"f{i}", "file", b"") for i in range(50)])
     with pytest.raises(BadRequest, match="more than 20 members"):
         extract(ws, many, limits=TarLimits(max_members=20))
     big = files_to_tar({"a": b"x" * 4000, "b": b"y" * 4000})

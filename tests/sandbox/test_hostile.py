@@ -26,7 +26,7 @@ import pytest
 from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec
 from terminal_rsi.sandbox.procs import pids_with_cmdline
 
-from .conftest import ROOT, assert_no_leftovers
+from .conftest import ROOT, assert_no_leftovers, make_tar
 
 SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
 BOUND_S = 30.0  # a generous wall-clock bound: "returns", not a speed claim
@@ -275,23 +275,6 @@ def case_dotdot_get(c):
             c.sb.get_file(path)
 
 
-def _tar(members):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, kind, payload in members:
-            ti = tarfile.TarInfo(name)
-            if kind == "sym":
-                ti.type, ti.linkname = tarfile.SYMTYPE, payload
-                tf.addfile(ti)
-            elif kind == "hard":
-                ti.type, ti.linkname = tarfile.LNKTYPE, payload
-                tf.addfile(ti)
-            else:
-                ti.size = len(payload)
-                tf.addfile(ti, io.BytesIO(payload))
-    return buf.getvalue()
-
-
 def case_put_traversal(c):
     target = os.path.join(c.host_dir, "evil.txt")
     bad = [
@@ -302,7 +285,7 @@ def case_put_traversal(c):
     ]
     for members in bad:
         with pytest.raises(BadRequest):
-            c.sb.put_tar(_tar(members))
+            c.sb.put_tar(make_tar(members))
     # a symlink planted by a command must not redirect a later upload
     c.run(f"ln -s {c.host_dir} out", timeout=3)
     try:
@@ -322,9 +305,9 @@ def case_pathmax_link_chain(c):
     with pytest.raises(BadRequest):
         c.sb.put_files({"c30/exit/evil.txt": b"pwned"})
     with pytest.raises(BadRequest):
-        c.sb.put_tar(_tar([("evil.txt", "file", b"pwned")]), dest="c30/exit")
+        c.sb.put_tar(make_tar([("evil.txt", "file", b"pwned")]), dest="c30/exit")
     with pytest.raises(BadRequest):
-        c.sb.put_tar(_tar([("evil.txt", "file", b"pwned")]), dest="exit")
+        c.sb.put_tar(make_tar([("evil.txt", "file", b"pwned")]), dest="exit")
     assert not os.path.exists(target)
     with pytest.raises(BadRequest):
         c.sb.get_file("c30/exit/secret.txt")
