@@ -25,7 +25,8 @@ def get_config() -> ml_collections.ConfigDict:
                                         "critic_weights": placeholder(str)})
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "suites": ("heldout_instances", "heldout_families"),
-        "n_per_family": 2, "families": (), "heldout_families": (), "backend": "local"})
+        "n_per_family": 2, "families": (), "heldout_families": (), "backend": "local",
+        "allow_plain_sandbox": True})
     c.harness = ml_collections.ConfigDict({
         "max_turns": 4, "max_output_tokens": 256, "max_input_tokens": 4096,
         "summarize_threshold": placeholder(int), "agent_timeout_s": placeholder(float), "temperature": 0.6,

@@ -22,6 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.tasks.n_per_family = 1
     config.tasks.families = ()
     config.tasks.backend = "local"
+    # task directories from disk are untrusted: no plain-subprocess fallback unless asked for
+    config.tasks.allow_plain_sandbox = False
     config.tasks.mode = ""
     config.tasks.pytest_runtime = "auto"
     config.tasks.show_reports = False

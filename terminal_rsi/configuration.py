@@ -10,10 +10,12 @@ allowed. The same schemas generate `docs/configs.md`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
+
+from terminal_rsi.sandbox import BACKENDS
 
 
 class ConfigError(ValueError):
@@ -34,6 +36,9 @@ class Field:
       lo, hi: inclusive numeric bounds (None = unbounded).
       optional: the value may be None.
       item_type: for sequences, the type of every element.
+      check: a further check of a well-typed, non-None value: returns what is wrong with it
+        (a message), or None when it is allowed.
+      allowed: what `check` allows, in words (shown in errors and in docs/configs.md).
     """
 
     type: type
@@ -43,11 +48,15 @@ class Field:
     hi: float | None = None
     optional: bool = False
     item_type: type | None = None
+    check: Callable[[Any], str | None] | None = dataclasses.field(default=None, compare=False)
+    allowed: str | None = None
 
     def describe(self) -> str:
         parts = [_TYPE_NAMES.get(self.type, self.type.__name__)]
         if self.item_type is not None:
             parts[0] += f"[{_TYPE_NAMES.get(self.item_type, self.item_type.__name__)}]"
+        if self.allowed is not None:
+            parts.append(self.allowed)
         if self.choices is not None:
             parts.append("one of " + ", ".join(repr(c) for c in self.choices))
         if self.lo is not None or self.hi is not None:
@@ -91,6 +100,26 @@ def check_value(path: str, value: Any, field: Field) -> None:
         raise ConfigError(f"config.{path} = {value!r} is not allowed; expected {field.describe()}")
     if field.lo is not None and value < field.lo or field.hi is not None and value > field.hi:
         raise ConfigError(f"config.{path} = {value!r} is out of range; expected {field.describe()}")
+    problem = field.check(value) if field.check is not None else None
+    if problem:
+        raise ConfigError(f"config.{path} = {value!r} is not allowed: {problem}; expected "
+                          f"{field.describe()}")
+
+
+def sandbox_backend_problem(value: str) -> str | None:
+    """What is wrong with `value` as a sandbox backend (None: it is one): a name from
+    `terminal_rsi.sandbox.BACKENDS`, an http(s):// bridge URL, or comma-separated bridge URLs
+    (sandbox hosts), as `open_sandbox` takes them."""
+    if value in BACKENDS:
+        return None
+    urls = [u.strip() for u in value.split(",")]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))
+           or len(u.split("://", 1)[1]) == 0]
+    if not bad:
+        return None
+    if "," in value:
+        return f"not http(s):// URLs: {', '.join(repr(u) for u in bad)}"
+    return "not a known sandbox backend"
 
 
 def flatten(config: ml_collections.ConfigDict | Mapping[str, Any], prefix: str = "") -> dict:
@@ -138,14 +167,26 @@ BASE_SCHEMA: dict[str, Field] = {
     "seed": Field(int, "global PRNG seed", lo=0),
 }
 
+# Where episodes' sandboxes run: every experiment that opens task sandboxes has these.
+SANDBOX_SCHEMA: dict[str, Field] = {
+    "tasks.backend": Field(
+        str, "sandbox backend (local, local-bwrap, local-plain, docker, a bridge URL, or "
+        "sandbox hosts as comma-separated URLs)", check=sandbox_backend_problem,
+        allowed="one of " + ", ".join(repr(b) for b in BACKENDS) + ", an http(s):// URL or "
+        "comma-separated http(s):// URLs"),
+    "tasks.allow_plain_sandbox": Field(
+        bool, "let backend 'local' fall back to plain subprocesses when bubblewrap is "
+        "unusable: no filesystem, network or /tmp isolation beyond a dedicated uid; for the "
+        "built-in tasks on a laptop only"),
+}
+
 # Task pool and harness budgets shared by every experiment that runs episodes
 # (terminal_rsi.agent rollouts, terminal_rsi.rpr phases).
 EPISODE_SCHEMA: dict[str, Field] = {
     "tasks.suite": Field(str, "'builtin' or a directory of task dirs"),
     "tasks.n_per_family": Field(int, "built-in instances per family", lo=1),
     "tasks.families": Field(tuple, "families (empty: all in the split)", item_type=str),
-    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker, "
-                           "a bridge URL, or sandbox hosts as comma-separated URLs)"),
+    **SANDBOX_SCHEMA,
     "harness.max_turns": Field(int, "turn budget", lo=1),
     "harness.max_output_tokens": Field(int, "max tokens per turn", lo=1),
     "harness.max_input_tokens": Field(int, "max tokens per call", lo=1),

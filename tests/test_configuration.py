@@ -9,7 +9,15 @@ import ml_collections
 import pytest
 
 from terminal_rsi import registry
-from terminal_rsi.configuration import BASE_SCHEMA, ConfigError, Field, validate_config
+from terminal_rsi.configuration import (
+    BASE_SCHEMA,
+    EPISODE_SCHEMA,
+    SANDBOX_SCHEMA,
+    ConfigError,
+    Field,
+    sandbox_backend_problem,
+    validate_config,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = {
@@ -55,6 +63,43 @@ def test_bad_fields_are_named(mutate, message):
         validate_config(ml_collections.ConfigDict(d), SCHEMA)
 
 
+@pytest.mark.parametrize("backend", ["local", "local-bwrap", "local-plain", "docker",
+                                     "http://sandbox-1:8765", "https://a:1, https://b:2"])
+def test_sandbox_backends_that_validate(backend):
+    assert sandbox_backend_problem(backend) is None
+    validate_config(ml_collections.ConfigDict({
+        "experiment": "x", "seed": 0,
+        "tasks": {"backend": backend, "allow_plain_sandbox": False}}),
+        {**BASE_SCHEMA, **SANDBOX_SCHEMA})
+
+
+@pytest.mark.parametrize("backend, fragment", [
+    ("bogus", "not a known sandbox backend"),
+    ("Local", "not a known sandbox backend"),
+    ("http://", "not a known sandbox backend"),
+    ("http://a:1,bogus", "not http(s):// URLs: 'bogus'"),
+    ("http://a:1,", "not http(s):// URLs: ''"),
+])
+def test_a_bad_sandbox_backend_is_named_with_the_valid_values(backend, fragment):
+    cfg = ml_collections.ConfigDict({"experiment": "x", "seed": 0, "tasks": {
+        "backend": backend, "allow_plain_sandbox": False}})
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg, {**BASE_SCHEMA, **SANDBOX_SCHEMA})
+    msg = str(e.value)
+    assert msg.startswith(f"config.tasks.backend = {backend!r} is not allowed: ")
+    assert fragment in msg
+    assert "'local', 'local-bwrap', 'local-plain', 'docker', an http(s):// URL" in msg
+
+
+def test_every_schema_with_a_backend_shares_one_definition():
+    for name in registry.EXPERIMENTS:
+        schema = registry.get_experiment(name).SCHEMA
+        if "tasks.backend" in schema:
+            for key, field in SANDBOX_SCHEMA.items():
+                assert schema[key] is field, (name, key)
+    assert EPISODE_SCHEMA["tasks.allow_plain_sandbox"].type is bool
+
+
 def test_unknown_experiment():
     with pytest.raises(ConfigError, match="not a registered experiment; choose one of"):
         registry.get_experiment("nope")
@@ -93,6 +138,10 @@ def _run(*args, timeout=120):
         (["--config=configs/credit_diagnostic.py", "--config.dtype=float16"],
          "config.dtype = 'float16' is not allowed"),
         ([], "--config is required"),
+        (["--config=configs/rpr2_spr.py", "--config.tasks.backend=bogus"],
+         "config.tasks.backend = 'bogus' is not allowed"),
+        (["--config=configs/evaluate.py", "--config.tasks.backend=ftp://x"],
+         "config.tasks.backend = 'ftp://x' is not allowed"),
     ],
 )
 def test_run_py_bad_input_is_one_line(args, message):
@@ -109,3 +158,19 @@ def test_run_py_runs_the_diagnostic(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "zeroed trace" in proc.stdout
     assert (tmp_path / "credit_diagnostic.json").exists()
+
+
+def test_the_pipeline_passes_the_sandbox_settings_to_every_stage(tmp_path):
+    from configs.rpr2_spr import get_config
+    from terminal_rsi.pipeline.experiment import SCHEMA, resolved
+    from terminal_rsi.pipeline.runner import Pipeline
+
+    c = get_config()
+    assert c.tasks.backend == "local" and c.tasks.allow_plain_sandbox is True  # README's job
+    c.scale = "test"
+    c.tasks.backend, c.tasks.allow_plain_sandbox = "local-bwrap", False
+    validate_config(c, SCHEMA)
+    p = Pipeline(resolved(c), str(tmp_path))
+    p.resolve_all()
+    for cfg in [p.stage_config(n) for n in p.order] + [p.eval_base_config()]:
+        assert (cfg.tasks.backend, cfg.tasks.allow_plain_sandbox) == ("local-bwrap", False)

@@ -19,19 +19,40 @@ budget). The JSON object may be wrapped in prose or a ```json fence: the first d
 JSON object in the text is the action.
 
 A text that does not hold a valid action raises `ActionParseError`; the harness turns its
-message into the turn's observation (the turn counts, the episode goes on).
+message into the turn's observation (the turn counts, the episode goes on). `parse_action`
+raises nothing else, whatever the text: the reply is at most `MAX_ACTION_CHARS` characters,
+JSON nesting deeper than `MAX_JSON_DEPTH` is refused before the decoder recurses into it, at
+most `MAX_JSON_STARTS` candidate objects are tried, an action holds at most `MAX_COMMANDS`
+commands of at most `MAX_KEYSTROKES_BYTES` bytes each (valid Unicode text without NUL, which
+no process can receive), and a timeout is a finite positive number (larger ones are clipped
+to `MAX_COMMAND_TIMEOUT_S`; the harness clips further).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 COMMAND_KEYS = ("keystrokes", "cmd", "command")
 ACTION_KEYS = ("analysis", "commands", "task_complete")
+
+# Bounds on one reply (see the module doc). An action nests 3 levels (object, commands list,
+# command object): MAX_JSON_DEPTH leaves room for prose braces around it.
+MAX_ACTION_CHARS = 1 << 20
+MAX_JSON_DEPTH = 16
+MAX_JSON_STARTS = 64
+MAX_COMMANDS = 64
+MAX_KEYSTROKES_BYTES = 64 << 10
+MAX_COMMAND_TIMEOUT_S = 24 * 3600.0
+
+# a JSON string, or the rest of the text if it is unterminated (so a scan is linear)
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.|\\\Z)*+(?:"|\Z)', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 SCHEMA_TEXT = (
     'Reply with exactly one JSON object: {"analysis": "<your reasoning>", "commands": '
@@ -54,6 +75,14 @@ class Command:
 
 
 @dataclasses.dataclass(frozen=True)
+class RejectedCommand:
+    """In place of an `ExecResult`: the sandbox refused to run the command (`BadRequest`:
+    too long, a NUL, ...); `format_observation` shows the reason to the agent."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Action:
     analysis: str = ""
     commands: tuple[Command, ...] = ()
@@ -68,6 +97,41 @@ class Action:
         })
 
 
+def _show(value: Any, limit: int = 60) -> str:
+    """A short repr of `value` for an error message."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return "a number of more than 30 digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_nesting(text: str) -> None:
+    """Refuse a reply whose brackets (outside JSON strings) nest deeper than MAX_JSON_DEPTH,
+    before the decoder recurses into them (a linear scan)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = 0
+    for c in brackets:
+        if c in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise ActionParseError(f"the reply nests JSON arrays/objects deeper than "
+                                       f"{MAX_JSON_DEPTH} levels. {SCHEMA_TEXT}")
+        elif depth:
+            depth -= 1
+
+
+def _depth(obj: Any) -> int:
+    """Nesting depth of a decoded JSON value (iterative)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if d <= MAX_JSON_DEPTH:
+                stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def _first_json_object(text: str) -> Any:
     """The first decodable JSON object that looks like an action (has an action field);
     failing that, the first decodable object (its fields are then reported as unknown)."""
@@ -75,62 +139,110 @@ def _first_json_object(text: str) -> Any:
     start = text.find("{")
     first_err = None
     fallback = None
+    tries = 0
     while start >= 0:
+        tries += 1
+        if tries > MAX_JSON_STARTS:
+            break
         try:
             obj, _ = dec.raw_decode(text, start)
-            if isinstance(obj, dict):
-                if set(obj) & set(ACTION_KEYS) or not obj:
-                    return obj
-                fallback = obj if fallback is None else fallback
         except json.JSONDecodeError as e:
-            first_err = e if first_err is None else first_err
+            first_err = first_err or f"{e.msg} at position {e.pos}"
+        except RecursionError:  # backstop: _check_nesting comes first
+            first_err = first_err or f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        except ValueError as e:  # e.g. an integer past Python's digit limit
+            first_err = first_err or str(e)[:120]
+        else:
+            if isinstance(obj, dict):
+                if _depth(obj) > MAX_JSON_DEPTH:
+                    first_err = first_err or f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+                elif set(obj) & set(ACTION_KEYS) or not obj:
+                    return obj
+                elif fallback is None:
+                    fallback = obj
         start = text.find("{", start + 1)
     if first_err is not None:
-        raise ActionParseError(f"no valid JSON action in the reply ({first_err.msg} at "
-                               f"position {first_err.pos}). {SCHEMA_TEXT}")
+        raise ActionParseError(f"no valid JSON action in the reply ({first_err}). {SCHEMA_TEXT}")
     if fallback is not None:
         return fallback
+    if tries > MAX_JSON_STARTS:
+        raise ActionParseError(f"no JSON action among the first {MAX_JSON_STARTS} '{{' of the "
+                               f"reply. {SCHEMA_TEXT}")
     raise ActionParseError(f"the reply contains no JSON object. {SCHEMA_TEXT}")
+
+
+def _text_problem(value: str, max_bytes: int) -> str | None:
+    """Why `value` cannot be sent to a process (None: it can)."""
+    if "\0" in value:
+        return "holds a NUL character, which no process can receive"
+    try:
+        n = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "holds a lone surrogate (an escape like \\ud800 that is not valid Unicode text)"
+    if n > max_bytes:
+        return f"is {n} bytes; the limit is {max_bytes} (write long input to a file in steps)"
+    return None
+
+
+def _command(i: int, c: Any) -> Command:
+    if isinstance(c, str):
+        keys, c = ["keystrokes"], {"keystrokes": c}
+    elif not isinstance(c, dict):
+        raise ActionParseError(f"commands[{i}] must be an object with \"keystrokes\" and "
+                               f"\"timeout\", got {type(c).__name__}")
+    else:
+        keys = [k for k in COMMAND_KEYS if k in c]
+    if len(keys) != 1 or not isinstance(c[keys[0]], str):
+        raise ActionParseError(f'commands[{i}] needs exactly one string "keystrokes" '
+                               f"field, got fields {sorted(c)[:10]}")
+    keystrokes = c[keys[0]]
+    problem = _text_problem(keystrokes, MAX_KEYSTROKES_BYTES)
+    if problem:
+        raise ActionParseError(f"commands[{i}].{keys[0]} {problem}")
+    t = c.get("timeout", c.get("duration", DEFAULT_COMMAND_TIMEOUT_S))
+    if (isinstance(t, bool) or not isinstance(t, int | float)
+            or isinstance(t, float) and not math.isfinite(t) or not t > 0):
+        raise ActionParseError(f'commands[{i}].timeout must be a positive, finite number of '
+                               f"seconds, got {_show(t)}")
+    return Command(keystrokes, float(min(t, MAX_COMMAND_TIMEOUT_S)))
 
 
 def parse_action(text: str) -> Action:
     """Parse the model's reply into an `Action` (see the module doc for the schema).
 
     Raises:
-      ActionParseError: no JSON object, wrong field types, or unknown fields.
+      ActionParseError (and nothing else, for any input): no JSON object, wrong field types,
+      unknown fields, or a bound of the module doc exceeded.
     """
+    if not isinstance(text, str):
+        raise ActionParseError(f"the reply must be text, got {type(text).__name__}")
+    if len(text) > MAX_ACTION_CHARS:
+        raise ActionParseError(f"the reply is {len(text)} characters; an action may be at most "
+                               f"{MAX_ACTION_CHARS}. {SCHEMA_TEXT}")
+    _check_nesting(text)
     obj = _first_json_object(text)
     unknown = sorted(set(obj) - set(ACTION_KEYS))
     if unknown:
-        raise ActionParseError(f"unknown field(s) {unknown} in the action; allowed: "
-                               f"{list(ACTION_KEYS)}. {SCHEMA_TEXT}")
+        raise ActionParseError(f"unknown field(s) {[k[:40] for k in unknown[:10]]} in the "
+                               f"action; allowed: {list(ACTION_KEYS)}. {SCHEMA_TEXT}")
     analysis = obj.get("analysis", "")
     if not isinstance(analysis, str):
         raise ActionParseError(f'"analysis" must be a string, got {type(analysis).__name__}')
+    try:
+        analysis.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ActionParseError('"analysis" holds a lone surrogate (an escape like \\ud800 that '
+                               "is not valid Unicode text)") from None
     done = obj.get("task_complete", False)
     if not isinstance(done, bool):
-        raise ActionParseError(f'"task_complete" must be true or false, got {done!r}')
+        raise ActionParseError(f'"task_complete" must be true or false, got {_show(done)}')
     raw = obj.get("commands", [])
     if not isinstance(raw, list):
         raise ActionParseError(f'"commands" must be a list, got {type(raw).__name__}')
-    commands = []
-    for i, c in enumerate(raw):
-        if isinstance(c, str):
-            commands.append(Command(c))
-            continue
-        if not isinstance(c, dict):
-            raise ActionParseError(f"commands[{i}] must be an object with \"keystrokes\" and "
-                                   f"\"timeout\", got {type(c).__name__}")
-        keys = [k for k in COMMAND_KEYS if k in c]
-        if len(keys) != 1 or not isinstance(c[keys[0]], str):
-            raise ActionParseError(f'commands[{i}] needs exactly one string "keystrokes" '
-                                   f"field, got fields {sorted(c)}")
-        t = c.get("timeout", c.get("duration", DEFAULT_COMMAND_TIMEOUT_S))
-        if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
-            raise ActionParseError(f'commands[{i}].timeout must be a positive number of '
-                                   f"seconds, got {t!r}")
-        commands.append(Command(c[keys[0]], float(t)))
-    return Action(analysis, tuple(commands), done)
+    if len(raw) > MAX_COMMANDS:
+        raise ActionParseError(f'"commands" holds {len(raw)} commands; an action may hold at '
+                               f"most {MAX_COMMANDS} (send the rest in the next turn)")
+    return Action(analysis, tuple(_command(i, c) for i, c in enumerate(raw)), done)
 
 
 def cap_text(text: str, max_chars: int) -> str:
@@ -152,10 +264,15 @@ def format_observation(results: Sequence[tuple[Command, Any]], *, max_chars: int
     """Render command results (`ExecResult`s) as the observation text, capped head+tail.
 
     Per command: `$ <command>`, then stdout and stderr, then `[exit code N]` or
-    `[timed out after T s]`. `note` (e.g. a parse error) comes first.
+    `[timed out after T s]`; for a `RejectedCommand`, `ERROR: command rejected: <reason>`.
+    `note` (e.g. a parse error) comes first.
     """
     parts = [note] if note else []
     for cmd, r in results:
+        if isinstance(r, RejectedCommand):
+            shown = _printable(cmd.keystrokes, 200)
+            parts.append(f"$ {shown}\nERROR: command rejected: {_printable(r.reason, 2000)}")
+            continue
         block = [f"$ {cmd.keystrokes}"]
         if r.stdout:
             block.append(r.stdout.rstrip("\n"))
@@ -167,3 +284,11 @@ def format_observation(results: Sequence[tuple[Command, Any]], *, max_chars: int
     if not parts:
         parts.append("(no commands were run)")
     return cap_text("\n".join(parts), max_chars)
+
+
+def _printable(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, with NULs and lone surrogates made visible (a
+    rejected command is echoed back; it may hold either)."""
+    cut = text if len(text) <= limit else text[:limit] + f"...[{len(text) - limit} more]"
+    cut = cut.replace("\0", "\\0")
+    return cut.encode("utf-8", "backslashreplace").decode("utf-8")

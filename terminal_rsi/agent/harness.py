@@ -42,10 +42,12 @@ from terminal_rsi.agent.actions import (
     Action,
     ActionParseError,
     Command,
+    RejectedCommand,
     format_observation,
     parse_action,
 )
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
+from terminal_rsi.sandbox import BadRequest, SandboxError
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent working in a Linux shell. Solve the task by running "
@@ -435,8 +437,6 @@ def _summarize(task, policy, harness, context, traj, turn, timings) -> str:
 
 
 def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) -> TerminalReason:
-    from terminal_rsi.sandbox import SandboxError
-
     tok = policy.tokenizer
     prompt = _render(tok, _initial_messages(task, harness))
     _record_public_prompt(tok, task, harness, traj, 0)
@@ -499,6 +499,11 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
                 timeout = min(cmd.timeout, harness.max_command_timeout_s, remaining)
                 try:
                     r = sb.exec(cmd.keystrokes, timeout=max(timeout, 0.1))
+                except BadRequest as e:
+                    # the sandbox refused this command (too long, a NUL...): the agent's
+                    # mistake, shown to it as the command's output; the episode goes on
+                    r = RejectedCommand(str(e))
+                    traj.meta["rejected_commands"] = traj.meta.get("rejected_commands", 0) + 1
                 except SandboxError as e:
                     traj.error = f"sandbox exec: {type(e).__name__}: {e}"
                     timings["exec_s"] += time.monotonic() - t0

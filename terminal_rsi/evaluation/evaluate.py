@@ -218,8 +218,8 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
         policy = SamplerPolicy(sampler, model.params, model.tokenizer,
                                seed=config.seed * 1000 + si)
         sched = RolloutScheduler(policy, harness, lambda task: open_task_sandbox(
-            task, config.tasks.backend), SchedulerConfig(concurrency=e.concurrency,
-                                                         oversample=0.0, keep_stragglers=True))
+            task, config.tasks.backend, allow_plain=config.tasks.allow_plain_sandbox),
+            SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True))
         launch = [task for _ in range(e.k) for task in tasks]
         res = sched.collect(launch, len(launch))
         runs: list[list] = [[None] * len(tasks) for _ in range(e.k)]

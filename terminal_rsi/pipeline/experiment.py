@@ -17,7 +17,7 @@ import sys
 
 import ml_collections
 
-from terminal_rsi.configuration import BASE_SCHEMA, Field
+from terminal_rsi.configuration import BASE_SCHEMA, SANDBOX_SCHEMA, Field
 from terminal_rsi.pipeline.graph import BASES, STAGES
 from terminal_rsi.pipeline.scales import SCALES
 
@@ -66,7 +66,7 @@ SCHEMA = _Schema({
                             optional=True),
     "tasks.n_per_family": Field(int, "training instances per family (None: the scale's)",
                                 lo=1, optional=True),
-    "tasks.backend": Field(str, "sandbox backend (local, local-bwrap, local-plain, docker)"),
+    **SANDBOX_SCHEMA,
     "harness.max_turns": Field(int, "turn budget (None: the scale's)", lo=1, optional=True),
     "harness.max_output_tokens": Field(int, "tokens per turn (None: the scale's)", lo=1,
                                        optional=True),

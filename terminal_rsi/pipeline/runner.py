@@ -220,7 +220,7 @@ class Pipeline:
                 dims[k] = v
         out.update({f"model.{k}": v for k, v in dims.items()})
         t = {**s.get("tasks", {}), **{k: v for k, v in c.tasks.items() if v is not None}}
-        for k in ("suite", "families", "n_per_family", "backend"):
+        for k in ("suite", "families", "n_per_family", "backend", "allow_plain_sandbox"):
             if k in t:
                 out[f"tasks.{k}"] = t[k]
         if "eval_n_per_family" in t:
@@ -468,7 +468,8 @@ class Pipeline:
         for k, v in s.items():
             if k.startswith(("model.", "harness.")) or k in ("seed", "tasks.suite",
                                                                "tasks.families",
-                                                               "tasks.backend"):
+                                                               "tasks.backend",
+                                                               "tasks.allow_plain_sandbox"):
                 if _has(cfg, k):
                     _set(cfg, k, v)
         ev = {**self.scale.get("eval", {}),

@@ -440,7 +440,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
                                           verify_backend=config.tasks.backend)
 
     def sandbox(task):
-        return open_task_sandbox(task, config.tasks.backend)
+        return open_task_sandbox(task, config.tasks.backend,
+                                 allow_plain=config.tasks.allow_plain_sandbox)
 
     def scheduler(seed, oversample):
         pol = SamplerPolicy(sampler, actor.params, tok, seed=seed, version=version)

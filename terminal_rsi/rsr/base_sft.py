@@ -68,11 +68,12 @@ def render_demonstrations(config, tasks, tokenizer, rng) -> tuple[list, dict]:
     h0 = cm.harness_from_config(config)
     pol = cm.demo_policy(tokenizer, config.harness.action_style)
     c = config.rollout.concurrency
-    plain = cm.collect(pol, h0, tasks, c)
+    sandbox = cm.task_sandbox(config)
+    plain = cm.collect(pol, h0, tasks, c, sandbox)
     n_rb = int(round(config.demos.runbook_fraction * len(tasks)))
     rb_tasks = [tasks[i] for i in sorted(rng.choice(len(tasks), n_rb, replace=False))]
     guided = cm.collect(pol, [execution_harness(h0, runbook_for_task(t)) for t in rb_tasks],
-                        rb_tasks, c)
+                        rb_tasks, c, sandbox)
     for t in guided:
         t.meta["demo"] = "runbook"
     for t in plain:
@@ -112,7 +113,8 @@ def evaluate(actor, mcfg, tokenizer, config, tasks, *, guided: bool, seed: int,
         temperature=config.eval.temperature))
     pol = cm.make_sampler_policy(actor, mcfg, tokenizer, config, seed, cache)
     harness = [execution_harness(h0, runbook_for_task(t)) for t in tasks] if guided else h0
-    return cm.collect(pol, harness, tasks, config.rollout.concurrency)
+    return cm.collect(pol, harness, tasks, config.rollout.concurrency,
+                      cm.task_sandbox(config))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -18,6 +18,7 @@ import numpy as np
 
 from terminal_rsi.configuration import Field
 from terminal_rsi.models.loading import MODEL_SCHEMA  # noqa: F401  (part of the stage schemas)
+from terminal_rsi.tasks import open_task_sandbox
 
 SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
                        '{"commands":["<shell command>"],"task_complete":true}')
@@ -81,6 +82,17 @@ def harness_from_config(config, **overrides):
     return HarnessConfig.from_config(config.harness, **{
         "name": "H0", "reward_fn": "binary", "verify_backend": config.tasks.backend,
         **overrides})
+
+
+def task_sandbox(config):
+    """The sandbox factory of a stage's episodes: `config.tasks.backend`, falling back to
+    plain subprocesses only where `config.tasks.allow_plain_sandbox` allows it."""
+    backend, allow_plain = config.tasks.backend, config.tasks.allow_plain_sandbox
+
+    def factory(task):
+        return open_task_sandbox(task, backend, allow_plain=allow_plain)
+
+    return factory
 
 
 def demo_action(task, turn: int, style: str = "compact") -> str:

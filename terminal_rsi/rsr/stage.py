@@ -239,11 +239,12 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family,
                          cm.StageError)
     c = config.rollout.concurrency
+    sandbox = cm.task_sandbox(config)
 
     # 1. discovery
     actor_pol = cm.make_sampler_policy(actor, mcfg, tok, config, config.seed, cache)
     found, episodes, disc_stats = discover(tasks, discovery_variants(config, actor_pol, tok),
-                                           concurrency=c)
+                                           concurrency=c, sandbox=sandbox)
     write_shard(os.path.join(trajdir, "discovery.jsonl"), episodes)
     per_task: dict[str, int] = {}
     kept = []
@@ -286,7 +287,7 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
     # 4. fresh execution with private guidance
     exec_instruction = config.execution.instruction or EXEC_INSTRUCTION
     fresh, q_clean = fresh_execute(actor_pol, h0, to_run, config.execution.m, tok, c,
-                                   exec_instruction)
+                                   exec_instruction, sandbox)
     write_shard(os.path.join(trajdir, "fresh.jsonl"), fresh)
     write_shard(os.path.join(trajdir, "q_clean.jsonl"), q_clean)
     n_leak = sum(1 for t in fresh if t.S == 1 and t.meta["leaks"])
@@ -295,7 +296,8 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
 
     # self-rehearsal: the input actor's own verified H0 successes, so that families absent
     # from a small Q_clean are not forgotten by fine-tuning on it alone
-    rehearsal = rehearsal_set(actor_pol, h0, tasks, config.sft.rehearsal_samples, c)
+    rehearsal = rehearsal_set(actor_pol, h0, tasks, config.sft.rehearsal_samples, c,
+                              sandbox)
     write_shard(os.path.join(trajdir, "rehearsal.jsonl"), rehearsal)
     sft_set = q_clean + rehearsal
     if config.sft.rehearsal_samples:
@@ -312,7 +314,8 @@ def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
         if not (config.eval.rewritten and rewritten):
             return None
         pol = cm.make_sampler_policy(actor, mcfg, tok, config, seed, cache)
-        return float(np.mean([t.S for t in cm.collect(pol, eval_h, rewritten, c)]))
+        return float(np.mean([t.S for t in cm.collect(pol, eval_h, rewritten, c,
+                                                      sandbox)]))
 
     before = success_on_rewritten(config.seed + 11)
 

@@ -20,7 +20,7 @@ import time
 import ml_collections
 
 from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.configuration import BASE_SCHEMA, Field
+from terminal_rsi.configuration import BASE_SCHEMA, SANDBOX_SCHEMA, Field
 
 SCHEMA = {
     **BASE_SCHEMA,
@@ -30,7 +30,7 @@ SCHEMA = {
     "tasks.n_per_family": Field(int, "built-in instances per family", lo=1),
     "tasks.families": Field(tuple, "built-in families to check (empty: all in the split)",
                             item_type=str),
-    "tasks.backend": Field(str, "sandbox backend: local, local-bwrap, local-plain, docker, URL"),
+    **SANDBOX_SCHEMA,
     "tasks.mode": Field(str, "verifier mode override ('' = the task's own)",
                         choices=("", "separate", "shared")),
     "tasks.pytest_runtime": Field(str, "copy the host's pytest into sandboxes lacking it",
@@ -45,7 +45,8 @@ class TaskCheckFailed(RuntimeError):
 
 
 def _load(cfg) -> list:
-    """Tasks to check; a directory that fails to load becomes a TaskFormatError entry."""
+    """Tasks to check; a directory that fails to load becomes a (directory, TaskFormatError)
+    entry."""
     from terminal_rsi.tasks import TaskFormatError, get_suite
     from terminal_rsi.tasks.harbor import find_task_dirs, load_task_dir
 
@@ -57,12 +58,12 @@ def _load(cfg) -> list:
         try:
             out.append(load_task_dir(d))
         except TaskFormatError as e:
-            out.append(e)
+            out.append((d, e))
     return out
 
 
-def _format_error_row(e) -> dict:
-    return {"task": os.path.basename(os.path.dirname(e.file)) or e.file, "family": "-",
+def _format_error_row(task_dir: str, e) -> dict:
+    return {"task": os.path.basename(os.path.normpath(task_dir)) or e.file, "family": "-",
             "format": "-", "turns": "-", "expected": None, "verdict": "FORMAT ERROR",
             "why": str(e), "seconds": 0.0}
 
@@ -83,7 +84,7 @@ def check_task(task, cfg) -> dict:
     try:
         if not task.solution:
             raise EnvironmentUnavailable("the task has no reference solution")
-        with open_task_sandbox(task, cfg.backend) as sb:
+        with open_task_sandbox(task, cfg.backend, allow_plain=cfg.allow_plain_sandbox) as sb:
             run_solution(task, sb)
             res = verify(task, sb, backend=cfg.backend, mode=cfg.mode or None,
                          pytest_runtime=cfg.pytest_runtime)
@@ -121,9 +122,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     tasks = _load(cfg)
     rows = []
     for task in tasks:
-        if isinstance(task, Exception):
-            rows.append(_format_error_row(task))
-            print(f"== {rows[-1]['task']}: FORMAT ERROR ({task})")
+        if isinstance(task, tuple):
+            task_dir, error = task
+            rows.append(_format_error_row(task_dir, error))
+            print(f"== {rows[-1]['task']}: FORMAT ERROR ({error})")
             continue
         row = check_task(task, cfg)
         rows.append(row)

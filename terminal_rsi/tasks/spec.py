@@ -9,11 +9,18 @@ Loaders build Tasks from task directories (`terminal_bench.load_terminal_bench_t
 `harbor.load_harbor_task`); the built-in families build them procedurally
 (`terminal_rsi.tasks.builtin`). Every format problem raises `TaskFormatError`
 naming the file and the field.
+
+Limits: a task directory is untrusted input (downloaded from the internet), so what a task
+may ask for is bounded by the constants below. The loaders refuse a task past them with a
+`TaskFormatError` naming file and field; `Task`, `Environment` and `VerifierSpec` check the
+same bounds when constructed, so a task built in code cannot bypass them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import posixpath
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +28,28 @@ VERIFIER_MODES = ("separate", "shared")
 VERIFIER_KINDS = ("pytest", "script", "builtin")
 DIFFICULTIES = ("easy", "medium", "hard", "unknown")
 FORMATS = ("terminal-bench", "harbor", "builtin")
+
+# The public instruction x, in UTF-8 bytes: it is part of every prompt of an episode.
+MAX_INSTRUCTION_BYTES = 256 * 1024
+# Agent and verifier wall-clock budgets lie in (0, MAX_TIMEOUT_S] seconds (finite).
+MAX_TIMEOUT_S = 24 * 3600.0
+# Resource requests of an environment: memory (<= 256 GiB), storage (<= 1 TiB), CPUs.
+MAX_MEMORY_MB = 256 * 1024
+MAX_STORAGE_MB = 1024 * 1024
+MAX_CPUS = 256
+# Files of one task tree: the verifier's tests, or everything a Dockerfile COPYs into the
+# workspace (all its COPY/ADD lines together): at most this many files and bytes. The
+# loaders refuse a bigger tree before reading past the cap.
+MAX_TREE_FILES = 10_000
+MAX_TREE_BYTES = 64 * 1024 * 1024
+# Directory levels below the top of such a tree.
+MAX_TREE_DEPTH = 32
+# One text file the loaders parse or keep as text (task.yaml, task.toml, Dockerfile,
+# solution.sh, solution.yaml).
+MAX_TEXT_FILE_BYTES = 1024 * 1024
+# One environment variable of a task (a Dockerfile ENV, `[verifier] env`): name and value.
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_ENTRIES = 256
 
 
 class TaskFormatError(ValueError):
@@ -72,6 +101,76 @@ def _frozen_map(m: Mapping | None) -> Mapping:
     return m if isinstance(m, FrozenMap) else FrozenMap(m)
 
 
+def text_problem(value: Any, max_bytes: int) -> str | None:
+    """What makes `value` unfit as task text (None: fine): not a string, a NUL character,
+    a lone surrogate (not valid Unicode), or more than `max_bytes` UTF-8 bytes."""
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if "\0" in value:
+        return "holds a NUL character"
+    try:
+        n = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "holds a lone surrogate (not valid Unicode text)"
+    if n > max_bytes:
+        return f"is {n} bytes; the limit is {max_bytes}"
+    return None
+
+
+def env_problem(name: Any, value: Any) -> str | None:
+    """What makes `name=value` unfit as an environment variable of a task (None: fine)."""
+    if not (isinstance(name, str) and name and name.isascii()
+            and (name[0].isalpha() or name[0] == "_")
+            and all(c.isalnum() or c == "_" for c in name)):
+        return f"{str(name)[:80]!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
+    problem = text_problem(value, MAX_ENV_VALUE_BYTES)
+    return f"the value of {name} {problem}" if problem else None
+
+
+def number_problem(value: Any, hi: float, *, integer: bool = False) -> str | None:
+    """What makes `value` unfit as a positive, finite number <= `hi` (None: fine)."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        return f"expected {'an integer' if integer else 'a number'}, got {_show(value)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    if not value > 0:
+        return f"must be > 0, got {value!r}"
+    if value > hi:
+        return f"must be at most {hi:g}, got {_show(value)}"
+    return None
+
+
+def tree_problem(files: Mapping) -> str | None:
+    """What makes a {relative path: bytes} tree unfit (None: fine): a path that is not
+    relative or leaves its root, contents that are not bytes, or the tree caps."""
+    if len(files) > MAX_TREE_FILES:
+        return f"holds {len(files)} files; the limit is {MAX_TREE_FILES}"
+    total = 0
+    for path, data in files.items():
+        if not isinstance(path, str) or not path or "\0" in path or path.startswith("/"):
+            return f"path {_show(path)} is not a relative path"
+        norm = posixpath.normpath(path)
+        if norm == ".." or norm.startswith("../"):
+            return f"path {_show(path)} leaves its directory"
+        if not isinstance(data, bytes | bytearray):
+            return f"the contents of {_show(path)} are not bytes"
+        total += len(data)
+    if total > MAX_TREE_BYTES:
+        return f"holds {total} bytes; the limit is {MAX_TREE_BYTES}"
+    return None
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (error messages stay short)."""
+    try:
+        text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else \
+            f"an integer of {len(str(abs(value)))} digits"
+    except ValueError:  # an int past Python's digit limit
+        text = "a very large integer"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 @dataclasses.dataclass(frozen=True)
 class Environment:
     """Where the agent works.
@@ -113,6 +212,27 @@ class Environment:
         object.__setattr__(self, "env", _frozen_map(self.env))
         object.__setattr__(self, "setup", tuple(self.setup))
         object.__setattr__(self, "unsupported", tuple(self.unsupported))
+        where = self.dockerfile or "Environment"
+        for name, hi, integer in (("cpus", MAX_CPUS, False), ("memory_mb", MAX_MEMORY_MB, True),
+                                  ("storage_mb", MAX_STORAGE_MB, True)):
+            value = getattr(self, name)
+            problem = None if value is None else number_problem(value, hi, integer=integer)
+            if problem:
+                raise TaskFormatError(where, name, problem)
+        if not isinstance(self.network, bool):
+            raise TaskFormatError(where, "network", f"expected true or false, got "
+                                  f"{_show(self.network)}")
+        problem = tree_problem(self.files)
+        if problem:
+            raise TaskFormatError(where, "files", problem)
+        for path, mode in self.modes.items():
+            if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+                raise TaskFormatError(where, "modes", f"{_show(path)}: bad file mode "
+                                      f"{_show(mode)}")
+        _check_env(self.env, where, "env")
+        for name in ("setup", "unsupported"):
+            if not all(isinstance(c, str) for c in getattr(self, name)):
+                raise TaskFormatError(where, name, "expected strings")
 
     @property
     def needs_build(self) -> bool:
@@ -151,14 +271,25 @@ class VerifierSpec:
         object.__setattr__(self, "files", _frozen_map(self.files))
         object.__setattr__(self, "env", _frozen_map(self.env))
         object.__setattr__(self, "artifacts", tuple(self.artifacts))
+        where = "VerifierSpec"
         if self.kind not in VERIFIER_KINDS:
-            raise ValueError(f"VerifierSpec.kind = {self.kind!r}; choose one of {VERIFIER_KINDS}")
+            raise TaskFormatError(where, "kind", f"VerifierSpec.kind = {_show(self.kind)}; "
+                                  f"choose one of {VERIFIER_KINDS}")
         if self.mode not in VERIFIER_MODES:
-            raise ValueError(f"VerifierSpec.mode = {self.mode!r}; choose one of {VERIFIER_MODES}")
-        if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
-            raise ValueError(f"VerifierSpec.timeout_s must be > 0, got {self.timeout_s!r}")
+            raise TaskFormatError(where, "mode", f"VerifierSpec.mode = {_show(self.mode)}; "
+                                  f"choose one of {VERIFIER_MODES}")
+        problem = number_problem(self.timeout_s, MAX_TIMEOUT_S)
+        if problem:
+            raise TaskFormatError(where, "timeout_s", f"VerifierSpec.timeout_s {problem} "
+                                  "seconds")
+        problem = tree_problem(self.files)
+        if problem:
+            raise TaskFormatError(where, "files", problem)
+        if not isinstance(self.command, str):
+            raise TaskFormatError(where, "command", "expected a string")
+        _check_env(self.env, where, "env")
         if self.kind == "builtin" and self.check is None:
-            raise ValueError("a builtin verifier needs a check function")
+            raise TaskFormatError(where, "check", "a builtin verifier needs a check function")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,10 +342,42 @@ class Task:
     def __post_init__(self):
         object.__setattr__(self, "solution", tuple(tuple(t) for t in self.solution))
         if not self.id or not isinstance(self.id, str):
-            raise ValueError("Task.id must be a non-empty string")
-        if not isinstance(self.instruction, str) or not self.instruction.strip():
-            raise ValueError(f"task {self.id}: the instruction is empty")
+            raise TaskFormatError(self.source or "Task", "id", "Task.id must be a non-empty "
+                                  "string")
+        where = self.source or f"task {self.id}"
+        problem = text_problem(self.instruction, MAX_INSTRUCTION_BYTES)
+        if problem:
+            raise TaskFormatError(where, "instruction", f"the instruction {problem}")
+        if not self.instruction.strip():
+            raise TaskFormatError(where, "instruction", f"task {self.id}: the instruction is "
+                                  "empty")
+        if not isinstance(self.family, str) or not self.family:
+            raise TaskFormatError(where, "family", "expected a non-empty string")
         if self.format not in FORMATS:
-            raise ValueError(f"Task.format = {self.format!r}; choose one of {FORMATS}")
-        if self.turns < 1:
-            raise ValueError(f"task {self.id}: turns must be >= 1")
+            raise TaskFormatError(where, "format", f"Task.format = {_show(self.format)}; "
+                                  f"choose one of {FORMATS}")
+        if not isinstance(self.environment, Environment):
+            raise TaskFormatError(where, "environment", "expected an Environment")
+        if not isinstance(self.verifier, VerifierSpec):
+            raise TaskFormatError(where, "verifier", "expected a VerifierSpec")
+        problem = number_problem(self.agent_timeout_s, MAX_TIMEOUT_S)
+        if problem:
+            raise TaskFormatError(where, "agent_timeout_s", f"{problem} seconds")
+        if isinstance(self.turns, bool) or not isinstance(self.turns, int) or self.turns < 1:
+            raise TaskFormatError(where, "turns", f"task {self.id}: turns must be >= 1")
+        if self.expected_checks is not None and number_problem(
+                self.expected_checks, float("inf"), integer=True):
+            raise TaskFormatError(where, "expected_checks", "expected a positive integer, got "
+                                  f"{_show(self.expected_checks)}")
+        if not all(isinstance(c, str) for turn in self.solution for c in turn):
+            raise TaskFormatError(where, "solution", "expected turns of command strings")
+
+
+def _check_env(env: Mapping, where: str, field: str) -> None:
+    if len(env) > MAX_ENV_ENTRIES:
+        raise TaskFormatError(where, field, f"has {len(env)} entries; the limit is "
+                              f"{MAX_ENV_ENTRIES}")
+    for k, v in env.items():
+        problem = env_problem(k, v)
+        if problem:
+            raise TaskFormatError(where, field, problem)

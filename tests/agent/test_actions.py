@@ -1,11 +1,20 @@
 """JSON action parsing and observation formatting."""
 
+import random
+import time
+
 import pytest
 
 from terminal_rsi.agent.actions import (
+    MAX_ACTION_CHARS,
+    MAX_COMMAND_TIMEOUT_S,
+    MAX_COMMANDS,
+    MAX_JSON_DEPTH,
+    MAX_KEYSTROKES_BYTES,
     Action,
     ActionParseError,
     Command,
+    RejectedCommand,
     cap_text,
     format_observation,
     parse_action,
@@ -75,3 +84,81 @@ def test_format_observation():
     capped = format_observation(big, max_chars=200)
     assert capped.startswith("$ cat f") and capped.endswith("END\n[exit code 0]")
     assert len(capped) < 260
+
+
+def _cmds(n):
+    return '{"commands": [' + ",".join(['"a"'] * n) + "]}"
+
+
+HOSTILE = [
+
+
+    ('{"a":' * 50_000 + "1" + "}" * 50_000, f"deeper than {MAX_JSON_DEPTH} levels"),
+    ('{"commands": ' + "[" * 50_000 + "]" * 50_000 + "}", "deeper than"),
+    ('{"commands": [' * 50_000, "deeper than"),  # unterminated as well
+    ('He said "hi. ' + '{"a":' * 50_000 + "1" + "}" * 50_000, "deeper than"),  # odd quote
+    ('{"commands": [[[[[[[[[[[[[[[[[["ls"]]]]]]]]]]]]]]]]]]}', "deeper than"),
+    (_cmds(200_000), f"holds 200000 commands; an action may hold at most {MAX_COMMANDS}"),
+    ('{"commands": [{"keystrokes": "echo a\\u0000b"}]}', "keystrokes holds a NUL"),
+    ('{"commands": ["echo \\u0000"]}', "keystrokes holds a NUL"),
+    ('{"commands": [{"cmd": "echo \\ud800"}]}', "cmd holds a lone surrogate"),
+    ('{"commands": [{"keystrokes": "echo \\udfff x"}]}', "lone surrogate"),
+    ('{"analysis": "\\ud800", "commands": []}', "lone surrogate"),
+    ('{"commands": [{"keystrokes": "' + "x" * (MAX_KEYSTROKES_BYTES + 1) + '"}]}',
+     f"the limit is {MAX_KEYSTROKES_BYTES}"),
+    ('{"commands": [{"keystrokes": "ls", "timeout": Infinity}]}', "finite"),
+    ('{"commands": [{"keystrokes": "ls", "timeout": 1e400}]}', "finite"),
+    ('{"commands": [{"keystrokes": "ls", "timeout": NaN}]}', "finite"),
+    ('{"commands": [{"keystrokes": "ls", "duration": -Infinity}]}', "finite"),
+    ('{"commands": [{"keystrokes": "ls", "timeout": -0.0}]}', "positive"),
+    ('{"commands": [{"keystrokes": "ls", "timeout": 1' + "0" * 5000 + "}]}", "no valid JSON"),
+    ("x" * (MAX_ACTION_CHARS + 1), "characters; an action may be at most"),
+    ("{" * 1_000_000, "deeper than"),
+    ('"\\' * 400_000, "no JSON object"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", HOSTILE, ids=[f"{i}-{f[:24]}" for i, (_, f) in
+                                                         enumerate(HOSTILE)])
+def test_hostile_replies_raise_only_action_parse_errors_fast(text, fragment):
+    t0 = time.monotonic()
+    with pytest.raises(ActionParseError, match=fragment.replace("(", r"\(")):
+        parse_action(text)
+    assert time.monotonic() - t0 < 2
+
+
+def test_bounds_keep_valid_actions():
+    assert len(parse_action(_cmds(MAX_COMMANDS)).commands) == MAX_COMMANDS
+    long = "x" * MAX_KEYSTROKES_BYTES
+    assert parse_action('{"commands": ["' + long + '"]}').commands[0].keystrokes == long
+    nested = '{"analysis": "a {b} [c]", "commands": [{"keystrokes": "awk \'{print $1}\' f"}]}'
+    assert parse_action(nested).commands == (Command("awk '{print $1}' f"),)
+    assert parse_action('{"commands": ["echo \\ud83d\\ude00"]}').commands[0].keystrokes \
+        == "echo \U0001F600"  # a surrogate pair is valid text
+    big = parse_action('{"commands": [{"keystrokes": "ls", "timeout": 1' + "0" * 40 + "}]}")
+    assert big.commands[0].timeout == MAX_COMMAND_TIMEOUT_S  # clipped, not refused
+    with pytest.raises(ActionParseError, match="must be text"):
+        parse_action(None)
+
+
+def test_random_garbage_only_ever_raises_action_parse_errors():
+    rng = random.Random(0)
+    alphabet = '{}[]":,\\ 0123456789.eE-+tfnaulsrIyNkcmd\x00\ud800'
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+        if rng.random() < 0.5:
+            text = '{"commands": [' + text
+        try:
+            parse_action(text)
+        except ActionParseError:
+            pass
+
+
+def test_a_rejected_command_is_shown_with_its_reason():
+    res = [(Command("x" * 500 + "\0", 5), RejectedCommand("command holds a NUL character")),
+           (Command("echo hi", 5), ExecResult("hi\n", "", 0))]
+    obs = format_observation(res, max_chars=10_000)
+    assert "ERROR: command rejected: command holds a NUL character" in obs
+    assert "...[301 more]" in obs and "\0" not in obs
+    assert obs.endswith("$ echo hi\nhi\n[exit code 0]")
+    obs.encode("utf-8")

@@ -14,7 +14,7 @@ from terminal_rsi.agent import (
 from terminal_rsi.agent.harness import reference_action, run_episode
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.sampling import Buckets
-from terminal_rsi.sandbox import SandboxLost
+from terminal_rsi.sandbox import BadRequest, InfrastructureError, SandboxLost
 from terminal_rsi.tasks import get_suite, open_task_sandbox
 
 TOK = ByteTokenizer()
@@ -246,3 +246,64 @@ def test_real_trajectory_roundtrips_through_a_shard(tmp_path):
     assert back.terminal_reason == TerminalReason.DECLARED_COMPLETE
     for i in range(len(back.turns)):
         assert back.prompt_at(i) == traj.prompt_at(i)
+
+
+class _Rejecting:
+    """A sandbox double: commands holding "REJECT" raise `error` at exec (as a sandbox does
+    for a command that is too long or holds a NUL); the rest run in the real sandbox."""
+
+    def __init__(self, sb, error):
+        self.sb, self.error, self.execs = sb, error, []
+
+    def exec(self, command, **kw):
+        self.execs.append(command)
+        if "REJECT" in command:
+            raise self.error
+        return self.sb.exec(command, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.sb, name)
+
+    def close(self):
+        self.sb.close()
+
+
+def test_a_command_the_sandbox_rejects_is_an_observation_and_the_episode_goes_on():
+    task = _task("create_file")
+    first = '{"commands": [{"keystrokes": "echo REJECT x"}, {"keystrokes": "echo after"}]}'
+    pol = ScriptedPolicy(TOK, lambda r: first if r.turn == 0
+                         else reference_action(task, r.turn - 1))
+    made = []
+
+    def factory(t):
+        made.append(_Rejecting(open_task_sandbox(t, "local"), BadRequest(
+            "command is 200000 bytes; the limit is 131072")))
+        return made[0]
+
+    traj = run_episode(task, pol, factory, harness=HarnessConfig(max_turns=4))
+    assert traj.terminal_reason == TerminalReason.DECLARED_COMPLETE and traj.S == 1, traj.error
+    obs = TOK.decode(traj.turns[0].observation_ids, skip_special=True)
+    assert "ERROR: command rejected: command is 200000 bytes" in obs
+    assert "$ echo after\nafter\n[exit code 0]" in obs  # the next command still ran
+    assert traj.meta["rejected_commands"] == 1 and made[0].execs[:2] == [
+        "echo REJECT x", "echo after"]
+
+
+def test_other_sandbox_errors_at_exec_still_end_the_episode():
+    task = _task("create_file")
+    pol = ScriptedPolicy(TOK, lambda r: '{"commands": [{"keystrokes": "echo REJECT"}]}')
+    traj = run_episode(task, pol, lambda t: _Rejecting(
+        open_task_sandbox(t, "local"), InfrastructureError("engine gone")),
+        harness=HarnessConfig(max_turns=3))
+    assert traj.terminal_reason == TerminalReason.INFRASTRUCTURE_ERROR
+    assert "InfrastructureError: engine gone" in traj.error and len(traj.turns) == 1
+
+
+@pytest.mark.parametrize("keystrokes", ["echo \\u0000", "echo \\ud800"])
+def test_nul_and_lone_surrogate_keystrokes_are_parse_errors_not_exec_failures(keystrokes):
+    task = _task("create_file")
+    bad = '{"commands": [{"keystrokes": "' + keystrokes + '"}]}'
+    pol = ScriptedPolicy(TOK, lambda r: bad if r.turn == 0 else reference_action(task, 0))
+    traj = run_episode(task, pol, harness=HarnessConfig(max_turns=3))
+    assert traj.turns[0].parse_error and "keystrokes holds" in traj.turns[0].parse_error
+    assert traj.terminal_reason == TerminalReason.DECLARED_COMPLETE and traj.S == 1

@@ -12,7 +12,9 @@ import pytest
 from configs.verify_tasks import get_config
 from terminal_rsi import registry
 from terminal_rsi.configuration import ConfigError, validate_config
-from terminal_rsi.tasks.check_tasks import TaskCheckFailed, run
+from terminal_rsi.sandbox import BadRequest
+from terminal_rsi.tasks import load_task_dir
+from terminal_rsi.tasks.check_tasks import TaskCheckFailed, check_task, run
 from tests.tasks.conftest import harbor_files, tb_files, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,6 +27,23 @@ def test_config_validates():
     cfg.tasks.split = "everything"
     with pytest.raises(ConfigError, match="tasks.split"):
         validate_config(cfg, mod.SCHEMA)
+    cfg = get_config()
+    cfg.tasks.backend = "bogus"
+    with pytest.raises(ConfigError, match=r"config.tasks.backend = 'bogus' is not allowed.*"
+                       r"'local', 'local-bwrap', 'local-plain', 'docker'"):
+        validate_config(cfg, mod.SCHEMA)
+    # task directories are untrusted: the checker does not fall back to plain by default
+    assert get_config().tasks.allow_plain_sandbox is False
+
+
+def test_allow_plain_sandbox_reaches_the_sandbox(tmp_path):
+    task = load_task_dir(write(tmp_path / "a-tb", tb_files()))
+    cfg = get_config().tasks
+    cfg.backend = "local-plain"
+    with pytest.raises(BadRequest, match="tasks.allow_plain_sandbox"):
+        check_task(task, cfg)
+    cfg.allow_plain_sandbox = True
+    assert check_task(task, cfg)["verdict"] == "PASS"
 
 
 def test_run_on_task_dirs(tmp_path, capsys):
@@ -54,3 +73,16 @@ def test_entry_point_builtin(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "2/2 tasks pass" in r.stdout
+
+
+def test_a_hostile_task_dir_is_a_format_error_row_named_by_its_dir(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("HOST-SECRET\n")
+    root = write(tmp_path / "suite" / "e-hostile", tb_files())
+    os.symlink(secret, os.path.join(root, "tests", "leak.txt"))
+    cfg = get_config()
+    cfg.tasks.source, cfg.tasks.fail_on_error = str(tmp_path / "suite"), False
+    (row,) = run(cfg, str(tmp_path / "wd"))
+    assert row["task"] == "e-hostile" and row["verdict"] == "FORMAT ERROR"
+    assert "leak.txt" in row["why"] and "symbolic link" in row["why"]
+    assert "HOST-SECRET" not in json.dumps(row)

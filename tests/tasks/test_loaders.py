@@ -108,20 +108,20 @@ def test_unavailable_environments_say_so(tmp_path):
     compose = load_terminal_bench_task(write(tmp_path / "c", tb_files(
         **{"docker-compose.yaml": "services: {}\n"})))
     with pytest.raises(EnvironmentUnavailable, match="docker-compose"):
-        open_task_sandbox(compose, "local-plain")
+        open_task_sandbox(compose, "local-plain", allow_plain=True)
     image_only = load_harbor_task(write(tmp_path / "i", harbor_files(**{
         "environment/Dockerfile": None, "environment/name.txt": None,
         "task.toml": "[environment]\ndocker_image = 'ghcr.io/x/y:1'\n"})))
     with pytest.raises(EnvironmentUnavailable, match="ghcr.io/x/y:1"):
-        open_task_sandbox(image_only, "local-plain")
+        open_task_sandbox(image_only, "local-plain", allow_plain=True)
     failing = load_terminal_bench_task(write(tmp_path / "f", tb_files(
         Dockerfile="FROM python:3.13\nWORKDIR /app\nRUN apt-get-missing install -y foo\n")))
     with pytest.raises(EnvironmentUnavailable, match="apt-get-missing"):
-        open_task_sandbox(failing, "local-plain")
+        open_task_sandbox(failing, "local-plain", allow_plain=True)
     remote = load_terminal_bench_task(write(tmp_path / "r", tb_files(
         Dockerfile="FROM x\nWORKDIR /app\nADD https://example.com/a.tgz .\n")))
     with pytest.raises(EnvironmentUnavailable, match="remote source"):
-        open_task_sandbox(remote, "local-plain")
+        open_task_sandbox(remote, "local-plain", allow_plain=True)
 
 
 def test_loaded_tasks_pickle(tb_dir, harbor_dir):
