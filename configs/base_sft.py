@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "train_split": "train", "eval_split": "test", "n_per_family": 16,
         "eval_n_per_family": 3, "families": TINY_FAMILIES, "backend": "local",
-        "allow_plain_sandbox": True})
+        "allow_plain_sandbox": "builtin"})
     c.harness = ml_collections.ConfigDict({
         "system_prompt": SHORT_SYSTEM_PROMPT, "max_turns": 3, "max_output_tokens": 256,
         "max_input_tokens": 2048, "summarize_threshold": config_dict.placeholder(int),

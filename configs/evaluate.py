@@ -26,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "suites": ("heldout_instances", "heldout_families"),
         "n_per_family": 2, "families": (), "heldout_families": (), "backend": "local",
-        "allow_plain_sandbox": True})
+        "allow_plain_sandbox": "builtin"})
     c.harness = ml_collections.ConfigDict({
         "max_turns": 4, "max_output_tokens": 256, "max_input_tokens": 4096,
         "summarize_threshold": placeholder(int), "agent_timeout_s": placeholder(float), "temperature": 0.6,

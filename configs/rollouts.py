@@ -15,7 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.policy = ml_collections.ConfigDict({"kind": "reference", "temperature": 1.0})
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "split": "train", "n_per_family": 1, "families": (),
-        "backend": "local", "allow_plain_sandbox": True})
+        "backend": "local", "allow_plain_sandbox": "builtin"})
     c.harness = ml_collections.ConfigDict({
         "name": "json-linear", "max_turns": 8, "max_output_tokens": 2048,
         "max_input_tokens": 16384, "summarize_threshold": 8192, "agent_timeout_s": None,

@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.scale = "default"
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "families": placeholder(tuple), "n_per_family": placeholder(int),
-        "backend": "local", "allow_plain_sandbox": True})
+        "backend": "local", "allow_plain_sandbox": "builtin"})
     c.harness = ml_collections.ConfigDict({
         "max_turns": placeholder(int), "max_output_tokens": placeholder(int),
         "max_input_tokens": placeholder(int), "max_parse_errors": placeholder(int)})

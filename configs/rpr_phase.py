@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.tasks = ml_collections.ConfigDict({
         "suite": "builtin", "train_split": "train", "eval_split": "test", "n_per_family": 1,
         "eval_n_per_family": 1, "families": ("create_file", "count_lines", "sort_uniq", "edit_replace"), "backend": "local",
-        "allow_plain_sandbox": True})
+        "allow_plain_sandbox": "builtin"})
     c.harness = ml_collections.ConfigDict({
         "max_turns": 1, "max_output_tokens": 16, "max_input_tokens": 4096,
         "summarize_threshold": None, "agent_timeout_s": None, "temperature": 1.0,

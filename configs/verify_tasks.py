@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.tasks.families = ()
     config.tasks.backend = "local"
     # task directories from disk are untrusted: no plain-subprocess fallback unless asked for
-    config.tasks.allow_plain_sandbox = False
+    config.tasks.allow_plain_sandbox = "never"
     config.tasks.mode = ""
     config.tasks.pytest_runtime = "auto"
     config.tasks.show_reports = False

@@ -15,7 +15,7 @@ from typing import Any
 
 import ml_collections
 
-from terminal_rsi.sandbox import BACKENDS
+from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
 
 
 class ConfigError(ValueError):
@@ -175,9 +175,11 @@ SANDBOX_SCHEMA: dict[str, Field] = {
         allowed="one of " + ", ".join(repr(b) for b in BACKENDS) + ", an http(s):// URL or "
         "comma-separated http(s):// URLs"),
     "tasks.allow_plain_sandbox": Field(
-        bool, "let backend 'local' fall back to plain subprocesses when bubblewrap is "
-        "unusable: no filesystem, network or /tmp isolation beyond a dedicated uid; for the "
-        "built-in tasks on a laptop only"),
+        str, "which tasks may run as plain subprocesses (backend 'local' where bubblewrap is "
+        "unusable, or 'local-plain' for tasks from disk): no filesystem, network or /tmp "
+        "isolation beyond a dedicated uid. 'builtin': the built-in tasks only (a laptop "
+        "without bubblewrap); 'always' also lets untrusted task directories run unisolated",
+        choices=PLAIN_POLICIES),
 }
 
 # Task pool and harness budgets shared by every experiment that runs episodes

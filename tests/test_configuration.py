@@ -69,7 +69,7 @@ def test_sandbox_backends_that_validate(backend):
     assert sandbox_backend_problem(backend) is None
     validate_config(ml_collections.ConfigDict({
         "experiment": "x", "seed": 0,
-        "tasks": {"backend": backend, "allow_plain_sandbox": False}}),
+        "tasks": {"backend": backend, "allow_plain_sandbox": "never"}}),
         {**BASE_SCHEMA, **SANDBOX_SCHEMA})
 
 
@@ -82,7 +82,7 @@ def test_sandbox_backends_that_validate(backend):
 ])
 def test_a_bad_sandbox_backend_is_named_with_the_valid_values(backend, fragment):
     cfg = ml_collections.ConfigDict({"experiment": "x", "seed": 0, "tasks": {
-        "backend": backend, "allow_plain_sandbox": False}})
+        "backend": backend, "allow_plain_sandbox": "never"}})
     with pytest.raises(ConfigError) as e:
         validate_config(cfg, {**BASE_SCHEMA, **SANDBOX_SCHEMA})
     msg = str(e.value)
@@ -97,7 +97,7 @@ def test_every_schema_with_a_backend_shares_one_definition():
         if "tasks.backend" in schema:
             for key, field in SANDBOX_SCHEMA.items():
                 assert schema[key] is field, (name, key)
-    assert EPISODE_SCHEMA["tasks.allow_plain_sandbox"].type is bool
+    assert EPISODE_SCHEMA["tasks.allow_plain_sandbox"].choices == ("never", "builtin", "always")
 
 
 def test_unknown_experiment():
@@ -166,11 +166,11 @@ def test_the_pipeline_passes_the_sandbox_settings_to_every_stage(tmp_path):
     from terminal_rsi.pipeline.runner import Pipeline
 
     c = get_config()
-    assert c.tasks.backend == "local" and c.tasks.allow_plain_sandbox is True  # README's job
+    assert c.tasks.backend == "local" and c.tasks.allow_plain_sandbox == "builtin"  # README's job
     c.scale = "test"
-    c.tasks.backend, c.tasks.allow_plain_sandbox = "local-bwrap", False
+    c.tasks.backend, c.tasks.allow_plain_sandbox = "local-bwrap", "never"
     validate_config(c, SCHEMA)
     p = Pipeline(resolved(c), str(tmp_path))
     p.resolve_all()
     for cfg in [p.stage_config(n) for n in p.order] + [p.eval_base_config()]:
-        assert (cfg.tasks.backend, cfg.tasks.allow_plain_sandbox) == ("local-bwrap", False)
+        assert (cfg.tasks.backend, cfg.tasks.allow_plain_sandbox) == ("local-bwrap", "never")

@@ -70,7 +70,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         h, sampling=SamplingSettings(temperature=config.policy.temperature),
         verify_backend=t.backend)
     sched = RolloutScheduler(
-        _policy(config), harness, lambda task: open_task_sandbox(task, t.backend),
+        _policy(config), harness, lambda task: open_task_sandbox(
+            task, t.backend, allow_plain=t.allow_plain_sandbox),
         SchedulerConfig(concurrency=r.concurrency, oversample=r.oversample,
                         keep_stragglers=r.keep_stragglers, progress=r.progress))
     tasks = list(get_suite(t.suite, t.split, n_per_family=t.n_per_family,

@@ -32,6 +32,10 @@ from terminal_rsi.sandbox.errors import (
 )
 
 BACKENDS = ("local", "local-bwrap", "local-plain", "docker")
+# When a task may run in plain (unisolated) local mode, by whose files it is made:
+# "never"; "builtin": the procedurally generated built-in tasks only; "always": any task,
+# including Terminal-Bench and Harbor directories from disk (untrusted input).
+PLAIN_POLICIES = ("never", "builtin", "always")
 
 
 def open_sandbox(spec: SandboxSpec | None = None, backend: str = "local", *,
@@ -93,7 +97,8 @@ def host_pool(backend: str, token: str | None = None, token_file: str | None = N
 
 
 __all__ = [
-    "BACKENDS", "BadRequest", "CommandTimeout", "ExecResult", "InfrastructureError", "OutputCap",
+    "BACKENDS", "PLAIN_POLICIES", "BadRequest", "CommandTimeout", "ExecResult",
+    "InfrastructureError", "OutputCap",
     "Sandbox", "SandboxBusy", "SandboxError", "SandboxLost", "SandboxSpec", "host_pool",
     "open_sandbox",
 ]

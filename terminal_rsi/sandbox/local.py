@@ -186,8 +186,9 @@ class LocalSandbox(Sandbox):
                 raise BadRequest(
                     "bubblewrap is not usable here, and the weaker plain fallback was not "
                     "allowed: `apt-get install bubblewrap`, or allow plain subprocesses "
-                    "(config tasks.allow_plain_sandbox=True, open_sandbox(..., "
-                    "allow_plain=True), or serve --allow-plain). " + PLAIN_MODE_NOTE)
+                    "(config tasks.allow_plain_sandbox='builtin' or 'always', "
+                    "open_sandbox(..., allow_plain=True), or serve --allow-plain). "
+                    + PLAIN_MODE_NOTE)
             mode = "plain"
         elif mode == "auto":
             mode = "bwrap"

@@ -202,29 +202,45 @@ def _require_image(task: Task, tag: str) -> None:
         pass  # engine problems surface as InfrastructureError when the sandbox starts
 
 
-def check_plain_allowed(task: Task, backend: str, allow_plain: bool) -> None:
-    """Refuse plain (unisolated) local sandboxes for tasks from disk unless allowed.
+def plain_allowed(task: Task, allow_plain: bool | str) -> bool:
+    """May `task` run in plain (unisolated) local mode under policy `allow_plain`?
+
+    `allow_plain` is one of `terminal_rsi.sandbox.PLAIN_POLICIES` (the config's
+    ``tasks.allow_plain_sandbox``), or a bool: True for "always", False for "never".
+    "builtin" admits only the built-in tasks: a task directory from disk is untrusted input.
+    """
+    from terminal_rsi.sandbox import PLAIN_POLICIES, BadRequest
+
+    policy = {True: "always", False: "never"}.get(allow_plain, allow_plain)
+    if policy not in PLAIN_POLICIES:
+        raise BadRequest(f"plain sandbox policy {allow_plain!r}; choose one of {PLAIN_POLICIES}")
+    return policy == "always" or (policy == "builtin" and task.format == "builtin")
+
+
+def check_plain_allowed(task: Task, backend: str, allow_plain: bool | str) -> None:
+    """Refuse a named ``local-plain`` backend for tasks from disk unless the policy allows it.
 
     Built-in tasks may run on ``local-plain`` when it is named; a Terminal-Bench or Harbor
-    task directory is untrusted input and needs ``allow_plain`` (the config's
-    ``tasks.allow_plain_sandbox``) for that. ``local`` itself never falls back to plain
-    without ``allow_plain`` (see ``LocalSandbox``).
+    task directory needs the policy "always". ``local`` itself falls back to plain only where
+    `plain_allowed` (see ``LocalSandbox``).
     """
     from terminal_rsi.sandbox import BadRequest
 
-    if backend == "local-plain" and task.format != "builtin" and not allow_plain:
+    if backend == "local-plain" and task.format != "builtin" and not plain_allowed(
+            task, allow_plain):
         raise BadRequest(
             f"task {task.id} ({task.format}) would run in the plain local sandbox, which does "
             "not isolate the filesystem, network or /proc; use backend 'local' (bubblewrap) "
-            "or 'docker', or allow it explicitly with tasks.allow_plain_sandbox=True")
+            "or 'docker', or allow it explicitly with tasks.allow_plain_sandbox='always'")
 
 
-def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *, allow_plain: bool = False,
-                      **sandbox_kwargs):
+def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
+                      allow_plain: bool | str = False, **sandbox_kwargs):
     """Start the agent's sandbox for `task`: seeded workspace, environment setup done.
 
-    ``allow_plain`` lets backend ``local`` fall back to plain subprocesses where
-    bubblewrap is unusable, and lets tasks from disk run on ``local-plain``.
+    ``allow_plain`` (a policy from `PLAIN_POLICIES`, or a bool) says whether this task may
+    run as plain subprocesses: backend ``local`` falling back where bubblewrap is unusable,
+    or ``local-plain`` named for a task from disk (`plain_allowed`).
 
     Raises EnvironmentUnavailable (plainly worded) if the environment cannot be
     reproduced on this backend: a docker-compose setup, Dockerfile steps a local sandbox
@@ -232,8 +248,6 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *, allow_plain
     neither present nor buildable; BadRequest if plain mode is needed and not allowed.
     """
     from terminal_rsi.sandbox import open_sandbox
-
-    check_plain_allowed(task, backend, allow_plain)
 
     env = task.environment
     if env.compose_file:
@@ -252,8 +266,8 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *, allow_plain
             f"task {task.id}: its Dockerfile has steps a local sandbox cannot reproduce: "
             + "; ".join(env.unsupported) + ". Use backend='docker'")
     check_plain_allowed(task, backend, allow_plain)
-    sb = open_sandbox(_spec_for(task, image), backend=backend, allow_plain=allow_plain,
-                      **sandbox_kwargs)
+    sb = open_sandbox(_spec_for(task, image), backend=backend,
+                      allow_plain=plain_allowed(task, allow_plain), **sandbox_kwargs)
     try:
         # The workspace stands in for WORKDIR on every backend: COPY'd files are seeded into
         # it (on Docker they also stay where the image build put them).
@@ -533,7 +547,7 @@ def verify(
     hygiene: HygieneRule = DEFAULT_HYGIENE,
     pytest_runtime: str = "auto",
     sandbox_kwargs: Mapping[str, Any] | None = None,
-    allow_plain: bool | None = None,
+    allow_plain: bool | str | None = None,
 ) -> VerificationResult:
     """Run task's protected verifier on the finished agent sandbox `sb`.
 
@@ -546,8 +560,8 @@ def verify(
       pytest_runtime: "auto" (copy the host's pytest in if the sandbox python lacks it),
         "inject" (always), or "sandbox" (never).
       sandbox_kwargs: extra arguments for the verifier sandbox (e.g. base_dir).
-      allow_plain: let a fresh local verifier sandbox fall back to plain subprocesses
-        (None: if and only if the agent's sandbox `sb` runs in plain mode).
+      allow_plain: the plain-mode policy for a fresh local verifier sandbox (see
+        `plain_allowed`; None: plain if and only if the agent's sandbox `sb` is plain).
 
     Returns:
       A VerificationResult whose report came through `parse_ctrf`.
@@ -567,8 +581,8 @@ def verify(
     owned = None
     sandbox_kwargs = dict(sandbox_kwargs or {})
     allow_plain = sandbox_kwargs.pop("allow_plain", allow_plain)
-    if allow_plain is None:
-        allow_plain = getattr(sb, "mode", None) == "plain"
+    allow_plain = (getattr(sb, "mode", None) == "plain" if allow_plain is None
+                   else plain_allowed(task, allow_plain))
     try:
         try:
             artifacts = collect_artifacts(task, sb)

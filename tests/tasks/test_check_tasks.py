@@ -33,7 +33,7 @@ def test_config_validates():
                        r"'local', 'local-bwrap', 'local-plain', 'docker'"):
         validate_config(cfg, mod.SCHEMA)
     # task directories are untrusted: the checker does not fall back to plain by default
-    assert get_config().tasks.allow_plain_sandbox is False
+    assert get_config().tasks.allow_plain_sandbox == "never"
 
 
 def test_allow_plain_sandbox_reaches_the_sandbox(tmp_path):
@@ -42,7 +42,10 @@ def test_allow_plain_sandbox_reaches_the_sandbox(tmp_path):
     cfg.backend = "local-plain"
     with pytest.raises(BadRequest, match="tasks.allow_plain_sandbox"):
         check_task(task, cfg)
-    cfg.allow_plain_sandbox = True
+    cfg.allow_plain_sandbox = "builtin"  # a task from disk is not a built-in one
+    with pytest.raises(BadRequest, match="tasks.allow_plain_sandbox"):
+        check_task(task, cfg)
+    cfg.allow_plain_sandbox = "always"
     assert check_task(task, cfg)["verdict"] == "PASS"
 
 
