@@ -38,6 +38,7 @@ MiB = 1 << 20
 SPEC_BOUNDS = {"memory_mb": 1 << 20, "pids": 1 << 16, "disk_mb": 1 << 20,
                "max_output_bytes": 1 << 30, "open_files": 1 << 20}
 MAX_CPUS = 1024
+MIN_CPUS = 0.01  # the smallest CPU quota the engines apply (Docker turns less into none)
 MARKER_ENV = "TRSI_SANDBOX"  # every exec'd process carries TRSI_SANDBOX=<sandbox id>
 
 
@@ -75,8 +76,8 @@ class SandboxSpec:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi:
                 raise BadRequest(f"SandboxSpec.{name} must be an int in [1, {hi}], got {v!r}")
         if isinstance(self.cpus, bool) or not (
-                isinstance(self.cpus, int | float) and 0 < self.cpus <= MAX_CPUS):
-            raise BadRequest(f"SandboxSpec.cpus must be a number in (0, {MAX_CPUS}], got "
+                isinstance(self.cpus, int | float) and MIN_CPUS <= self.cpus <= MAX_CPUS):
+            raise BadRequest(f"SandboxSpec.cpus must be a number in [{MIN_CPUS}, {MAX_CPUS}], got "
                              f"{self.cpus!r}")
         if not isinstance(self.network, bool):
             raise BadRequest(f"SandboxSpec.network must be a bool, got {self.network!r}")
@@ -188,7 +189,8 @@ class OutputCap:
 
 
 MAX_EXEC_TIMEOUT_S = 24 * 3600
-MAX_COMMAND_BYTES = 128 << 10  # under Linux's 128 KiB limit on one argv string
+MAX_ARG_BYTES = (128 << 10) - 1  # Linux's limit on one argv or environment string (NUL aside)
+MAX_COMMAND_BYTES = MAX_ARG_BYTES
 MAX_ENV_BYTES = 256 << 10  # all of one exec's environment entries together
 MAX_ENV_ENTRIES = 256
 MAX_PATH_BYTES = 4096
@@ -212,6 +214,12 @@ def check_text(value: Any, what: str, max_bytes: int) -> str:
     return value
 
 
+def is_env_name(name: str) -> bool:
+    """True for a portable environment variable name: ``[A-Za-z_][A-Za-z0-9_]*``."""
+    return bool(name) and (name[0].isascii() and (name[0].isalpha() or name[0] == "_")) and all(
+        c.isascii() and (c.isalnum() or c == "_") for c in name)
+
+
 def check_env(env: Any, what: str = "env") -> dict[str, str]:
     """Validate an environment mapping: names ``[A-Za-z_][A-Za-z0-9_]*``, text values, caps."""
     if env is None:
@@ -223,11 +231,14 @@ def check_env(env: Any, what: str = "env") -> dict[str, str]:
     total = 0
     for k, v in env.items():
         check_text(k, f"{what} name {k!r}", 256)
-        if not (k and (k[0].isascii() and (k[0].isalpha() or k[0] == "_"))
-                and all(c.isascii() and (c.isalnum() or c == "_") for c in k)):
+        if not is_env_name(k):
             raise BadRequest(f"{what} name {k!r} is not a valid variable name "
                              "([A-Za-z_][A-Za-z0-9_]*)")
-        total += len(check_text(v, f"{what}[{k!r}]", MAX_ENV_BYTES).encode()) + len(k) + 2
+        n = len(check_text(v, f"{what}[{k!r}]", MAX_ENV_BYTES).encode()) + len(k) + 1
+        if n > MAX_ARG_BYTES:
+            raise BadRequest(f"{what}[{k!r}] is {n} bytes as NAME=VALUE; the limit for one "
+                             f"entry is {MAX_ARG_BYTES}: write long values to a file")
+        total += n + 1
     if total > MAX_ENV_BYTES:
         raise BadRequest(f"{what} is {total} bytes in all; the limit is {MAX_ENV_BYTES}")
     return dict(env)

@@ -95,6 +95,7 @@ from terminal_rsi.sandbox.base import (
     TarLimits,
     check_exec_args,
     check_tar,
+    is_env_name,
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import (
@@ -121,8 +122,13 @@ _INIT = ["/bin/bash", "-c", "while :; do sleep 86400 & wait $!; done"]
 _GRACE_S = 15.0
 _close_lock = threading.Lock()
 # The environment of the machinery's own execs (tar): nothing of the spec or the agent.
+# The machinery's own processes (the exec wrapper, tar scripts) run with this environment
+# over the image's, under `bash -p` (no BASH_ENV, ENV, SHELLOPTS or imported functions): a
+# task image or a caller cannot put code into them (LD_PRELOAD, BASH_ENV, ...). The
+# command itself gets the image's environment plus the spec's and the exec's (`env -i`).
 _TOOL_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             "LC_ALL": "C", "TAR_OPTIONS": "", "BASH_ENV": "", "ENV": "", "CDPATH": ""}
+             "LC_ALL": "C", "TAR_OPTIONS": "", "BASH_ENV": "", "ENV": "", "CDPATH": "",
+             "LD_PRELOAD": "", "LD_LIBRARY_PATH": "", "LD_AUDIT": "", "GCONV_PATH": ""}
 
 
 # ------------------------------------------------------------------------ engine
@@ -792,6 +798,7 @@ class DockerSandbox(Sandbox):
         self.box = _box or _create_box(self.client, self.spec, self.id)
         self.container = self.box.container
         self.container_id = self.box.id
+        self._image_env: dict[str, str] | None = None
         try:
             if self.spec.files:
                 self.put_files(self.spec.files)
@@ -804,10 +811,16 @@ class DockerSandbox(Sandbox):
             raise SandboxLost(f"sandbox {self.id} is closed")
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        out = dict(self.spec.env)
-        out.update(env or {})
-        out[MARKER_ENV] = self.id
-        return out
+        """The command's environment: the image's, then the spec's, then the exec's."""
+        if self._image_env is None:
+            try:
+                self.container.reload()
+                pairs = self.container.attrs.get("Config", {}).get("Env") or []
+            except Exception as e:  # noqa: BLE001
+                raise _map_error(e, "inspect container") from e
+            image_env = dict(p.split("=", 1) for p in pairs if "=" in p)
+            self._image_env = {k: v for k, v in image_env.items() if is_env_name(k)}
+        return {**self._image_env, **self.spec.env, **(env or {}), MARKER_ENV: self.id}
 
     def _tool_env(self) -> dict[str, str]:
         return {**_TOOL_ENV, MARKER_ENV: self.id}
@@ -826,11 +839,12 @@ class DockerSandbox(Sandbox):
             self._check_open()
             rel = safe_relpath(cwd) if cwd else "."
             workdir = posixpath.normpath(posixpath.join(WORKDIR, rel))
-            cmd = ["/bin/bash", "-c", _WRAPPER, f"{timeout:.3f}", "/bin/bash", "-c", command]
+            cmd = ["/bin/bash", "-p", "-c", _WRAPPER, f"{timeout:.3f}", "/usr/bin/env", "-i",
+                   *(f"{k}={v}" for k, v in self._env(env).items()), "/bin/bash", "-c", command]
             out = OutputCap(self.spec.max_output_bytes)
             err = OutputCap(self.spec.max_output_bytes)
             t0 = time.monotonic()
-            stream = _ExecSocket(self.client, self.container_id, cmd, self._env(env), workdir)
+            stream = _ExecSocket(self.client, self.container_id, cmd, self._tool_env(), workdir)
             try:
                 try:
                     stream.pump(out, err, t0 + timeout + _GRACE_S)
@@ -882,7 +896,7 @@ class DockerSandbox(Sandbox):
         """Run a machinery script as the sandbox user; (exit code, stderr text)."""
         err = OutputCap(64 << 10)
         stream = _ExecSocket(self.client, self.container_id,
-                             ["/bin/bash", "-c", script, "trsi", *args], self._tool_env(),
+                             ["/bin/bash", "-p", "-c", script, "trsi", *args], self._tool_env(),
                              WORKDIR, stdin=stdin is not None)
         try:
             stream.pump(out, err, deadline, stdin or ())

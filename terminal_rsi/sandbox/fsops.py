@@ -280,23 +280,25 @@ class _CappedBuffer(io.RawIOBase):
         return self.buf.write(b)
 
 
+MAX_DEPTH = 256  # directory levels a download descends (one open descriptor each)
+
+
 def pack(root: str, path: str = ".", *, uid: int | None = None,
          limits: TarLimits = TarLimits()) -> bytes:
     """A tar stream of workspace path ``root/path`` (a file, link or directory tree).
 
     Links are archived as links and never followed; FIFOs, sockets, devices and files
-    the sandbox user cannot read are skipped. ``limits.max_bytes`` caps the stream itself.
+    the sandbox user cannot read are skipped. ``limits.max_bytes`` caps the stream itself;
+    a tree deeper than `MAX_DEPTH` levels is a BadRequest.
     """
     parts = _components(path)
-    rel = "/".join(parts) or "."
     what = f"{path!r}"
     sink = _CappedBuffer(limits.max_bytes, what)
-    deadline = time.monotonic() + limits.timeout_s
-    count = [0]
     with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        packer = _Packer(tf, limits)
         if not parts:
             with _walk_to(root, [], create=False, what=what, uid=uid) as fd:
-                _add_tree(tf, fd, ".", os.fstat(fd), limits, deadline, count)
+                packer.tree(os.dup(fd), ".")
         else:
             with _walk_to(root, parts[:-1], create=False, what=what, uid=uid) as pfd:
                 try:
@@ -305,7 +307,7 @@ def pack(root: str, path: str = ".", *, uid: int | None = None,
                     raise BadRequest(f"{path!r} does not exist in the workspace") from None
                 except OSError as e:
                     raise _path_error(what, parts[-1], e) from None
-                _add_entry(tf, pfd, parts[-1], rel, st, limits, deadline, count)
+                packer.entry(pfd, parts[-1], "/".join(parts), st)
     return sink.buf.getvalue()
 
 
@@ -319,22 +321,44 @@ def _tarinfo(arcname: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
     return ti
 
 
-def _add_entry(tf: tarfile.TarFile, parent: int, name: str, arcname: str, st: os.stat_result,
-               limits: TarLimits, deadline: float, count: list[int]) -> None:
-    if count[0] >= limits.max_members:
-        raise BadRequest(f"{arcname!r}: more than {limits.max_members} entries to download")
-    if time.monotonic() > deadline:
-        raise BadRequest(f"download took longer than {limits.timeout_s:g} s")
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            target = os.readlink(name, dir_fd=parent)
-        except OSError:
-            return
-        ti = _tarinfo(arcname, st, tarfile.SYMTYPE)
-        ti.linkname = target
-        tf.addfile(ti)
-        count[0] += 1
-    elif stat.S_ISREG(st.st_mode):
+class _Packer:
+    """Adds workspace entries to a tar stream, counting members against the caps."""
+
+    def __init__(self, tf: tarfile.TarFile, limits: TarLimits):
+        self.tf, self.limits = tf, limits
+        self.deadline = time.monotonic() + limits.timeout_s
+        self.count = 0
+
+    def _admit(self, arcname: str) -> None:
+        if self.count >= self.limits.max_members:
+            raise BadRequest(f"{arcname!r}: more than {self.limits.max_members} entries to "
+                             "download")
+        if time.monotonic() > self.deadline:
+            raise BadRequest(f"download took longer than {self.limits.timeout_s:g} s")
+        self.count += 1
+
+    def entry(self, parent: int, name: str, arcname: str, st: os.stat_result) -> None:
+        """One entry; a directory is walked with `tree`. Special files are skipped."""
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except OSError:
+                return
+            self.tree(fd, arcname)
+        elif stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(name, dir_fd=parent)
+            except OSError:
+                return
+            self._admit(arcname)
+            ti = _tarinfo(arcname, st, tarfile.SYMTYPE)
+            ti.linkname = target
+            self.tf.addfile(ti)
+        elif stat.S_ISREG(st.st_mode):
+            self._file(parent, name, arcname)
+        # FIFOs, sockets and devices are skipped: they carry no content to copy.
+
+    def _file(self, parent: int, name: str, arcname: str) -> None:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          dir_fd=parent)
@@ -344,40 +368,56 @@ def _add_entry(tf: tarfile.TarFile, parent: int, name: str, arcname: str, st: os
             fst = os.fstat(fd)
             if not stat.S_ISREG(fst.st_mode):
                 return
+            self._admit(arcname)
             ti = _tarinfo(arcname, fst, tarfile.REGTYPE)
             ti.size = fst.st_size
             with os.fdopen(os.dup(fd), "rb") as f:
-                tf.addfile(ti, _Exact(f, fst.st_size))
-            count[0] += 1
+                self.tf.addfile(ti, _Exact(f, fst.st_size))
         finally:
             os.close(fd)
-    elif stat.S_ISDIR(st.st_mode):
+
+    def tree(self, fd: int, arcname: str) -> None:
+        """Walk directory ``fd`` (owned: closed here) depth-first without recursion."""
+        stack: list[tuple[int, str, Iterator[str]]] = []
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-        except OSError:
-            return
-        try:
-            _add_tree(tf, fd, arcname, os.fstat(fd), limits, deadline, count)
+            self._open_level(stack, fd, arcname)
+            while stack:
+                dfd, darc, names = stack[-1]
+                name = next(names, None)
+                if name is None:
+                    os.close(stack.pop()[0])
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                child = name if darc == "." else f"{darc}/{name}"
+                if not stat.S_ISDIR(st.st_mode):
+                    self.entry(dfd, name, child, st)
+                    continue
+                if len(stack) >= MAX_DEPTH:
+                    raise BadRequest(f"{child!r}: the tree is deeper than {MAX_DEPTH} levels")
+                try:
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                except OSError:
+                    continue
+                self._open_level(stack, sub, child)
         finally:
-            os.close(fd)
-    # FIFOs, sockets and devices are skipped: they carry no content to copy.
+            for dfd, _, _ in stack:
+                os.close(dfd)
 
-
-def _add_tree(tf: tarfile.TarFile, fd: int, arcname: str, st: os.stat_result,
-              limits: TarLimits, deadline: float, count: list[int]) -> None:
-    tf.addfile(_tarinfo(arcname, st, tarfile.DIRTYPE))
-    count[0] += 1
-    try:
-        names = sorted(os.listdir(fd))
-    except OSError:
-        return
-    for name in names:
+    def _open_level(self, stack: list, fd: int, arcname: str) -> None:
         try:
-            est = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            continue
-        child = name if arcname == "." else f"{arcname}/{name}"
-        _add_entry(tf, fd, name, child, est, limits, deadline, count)
+            self._admit(arcname)
+            self.tf.addfile(_tarinfo(arcname, os.fstat(fd), tarfile.DIRTYPE))
+            try:
+                names = sorted(os.listdir(fd))
+            except OSError:
+                names = []  # unreadable by the sandbox user: archived empty
+        except BaseException:
+            os.close(fd)
+            raise
+        stack.append((fd, arcname, iter(names)))
 
 
 class _Exact(io.RawIOBase):

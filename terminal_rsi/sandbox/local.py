@@ -254,13 +254,21 @@ class LocalSandbox(Sandbox):
             lim.append(f"-u {s.pids}")
         return "; ".join(f"ulimit -S -H {x}" for x in lim)
 
-    def _argv(self, command: str, rel_cwd: str, timeout: float) -> list[str]:
+    def _argv(self, command: str, rel_cwd: str, timeout: float,
+              env: Mapping[str, str]) -> list[str]:
+        """The exec's process chain. Every wrapper runs with `_wrapper_env` and ``bash -p``
+        (no BASH_ENV, ENV, SHELLOPTS or imported functions); the sandbox's environment
+        ``env`` reaches only the final ``bash -c command`` (``env -i`` in plain mode,
+        ``--clearenv --setenv`` under bubblewrap), so nothing a task or client puts in it
+        (BASH_ENV, LD_PRELOAD, ...) acts in the wrapper, which starts as root."""
         # Innermost wrapper, as the sandbox uid: no survivor of a dead parent, rlimits.
         guard = f'[ "$PPID" = "{os.getpid()}" ] || exit 111; ' if _pdeathsig() else ""
         if self.mode == "plain":
             # The wrapper stays the parent (no exec) so `kill $PPID` hits only the wrapper.
-            inner = ["/bin/bash", "-c", f'{guard}{self._ulimits(timeout)}; "$@"; exit $?',
-                     "trsi", "/bin/bash", "-c", command]
+            final = [_tool("env"), "-i", *(f"{k}={v}" for k, v in env.items()),
+                     "/bin/bash", "-c", command]
+            inner = ["/bin/bash", "-p", "-c", f'{guard}{self._ulimits(timeout)}; "$@"; exit $?',
+                     "trsi", *final]
         else:
             bw = [_tool("bwrap"), "--unshare-all", "--die-with-parent", "--new-session"]
             if self.spec.network:
@@ -270,9 +278,12 @@ class LocalSandbox(Sandbox):
                    "--bind", self.tmp, "/tmp", "--bind", self.shm, "/dev/shm",
                    "--remount-ro", "/", "--remount-ro", "/dev",
                    "--chdir", os.path.normpath(os.path.join(SANDBOX_WORKDIR, rel_cwd)),
-                   "/bin/bash", "-c", command]
-            inner = ["/bin/bash", "-c", f'{guard}{self._ulimits(timeout)}; exec "$@"', "trsi",
-                     *bw]
+                   "--clearenv"]
+            for k, v in env.items():
+                bw += ["--setenv", k, v]
+            bw += ["/bin/bash", "-c", command]
+            inner = ["/bin/bash", "-p", "-c", f'{guard}{self._ulimits(timeout)}; exec "$@"',
+                     "trsi", *bw]
         if self.uid is None or not _pdeathsig():
             return [*_pdeathsig(), *inner]
         # As root: join the sandbox's cgroups, then drop to its uid (setpriv sets the
@@ -281,7 +292,11 @@ class LocalSandbox(Sandbox):
                        for f in (self.cgroup.procs_files if self.cgroup else ()))
         drop = (f'exec {shlex.quote(_tool("setpriv"))} --reuid={self.uid} --regid={self.uid} '
                 f'--clear-groups --pdeathsig KILL -- "$@"')
-        return ["/bin/bash", "-c", join + drop, "trsi", *inner]
+        return ["/bin/bash", "-p", "-c", join + drop, "trsi", *inner]
+
+    def _wrapper_env(self) -> dict[str, str]:
+        """The wrappers' own environment: fixed, nothing from the task or the caller."""
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", MARKER_ENV: self.id}
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         out = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
@@ -326,8 +341,8 @@ class LocalSandbox(Sandbox):
             t0 = time.monotonic()
             try:
                 proc = subprocess.Popen(
-                    self._argv(command, rel, timeout), stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                    self._argv(command, rel, timeout, full_env), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._wrapper_env(),
                     cwd=host_cwd if self.mode == "plain" else self.ws,
                     start_new_session=True, close_fds=True, **kw)
             except OSError as e:

@@ -592,7 +592,7 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
     import anyio.to_thread
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -651,6 +651,9 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
                 return error("busy", str(e), 503, **{"Retry-After": "1"})
             except SandboxError as e:
                 return error(e.kind, str(e))
+            except ClientDisconnect:  # the client hung up mid-body: its doing, not ours
+                manager.metrics["client_disconnects"] += 1
+                return Response(status_code=400)
             except Exception as e:  # noqa: BLE001  (a bug or a broken host; never bad input)
                 log.exception("internal error")
                 return error("infrastructure", f"internal error: {type(e).__name__}: {e}", 500)

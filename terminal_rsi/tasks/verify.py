@@ -379,8 +379,19 @@ class Snapshot(Mapping):
 
 
 class ArtifactsRefused(Exception):
-    """The agent's workspace cannot be copied out (too many entries or bytes): its doing,
-    so the episode gets a failing verdict, not an infrastructure error."""
+    """What the agent left cannot be copied out, or leaves no room for the verifier's files
+    (too many entries, too many bytes, a full disk): its doing, so the episode gets a
+    failing verdict, not an infrastructure error."""
+
+
+def _place(put, data, what: str) -> None:
+    """``put(data)`` into a verifier workspace; a refusal (BadRequest) is ArtifactsRefused."""
+    from terminal_rsi.sandbox import BadRequest
+
+    try:
+        put(data)
+    except BadRequest as e:
+        raise ArtifactsRefused(f"{what} could not be placed for verification: {e}") from e
 
 
 def collect_artifacts(task: Task, sb) -> bytes:
@@ -398,7 +409,8 @@ def collect_artifacts(task: Task, sb) -> bytes:
         try:
             return _filter_tar(sb.get_tar("."), VERIFIER_DIR_PREFIX)
         except BadRequest as e:
-            raise ArtifactsRefused(str(e)) from e
+            raise ArtifactsRefused(f"the agent's workspace could not be copied for "
+                                   f"verification: {e}") from e
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as dst:
         for p in paths:
@@ -584,15 +596,7 @@ def verify(
     allow_plain = (getattr(sb, "mode", None) == "plain" if allow_plain is None
                    else plain_allowed(task, allow_plain))
     try:
-        try:
-            artifacts = collect_artifacts(task, sb)
-        except ArtifactsRefused as e:
-            report = VerificationReport.invalid(
-                f"the agent's workspace could not be copied for verification: {e}",
-                terminal_success=False)
-            return VerificationResult(task.id, task.family, report, None, None, None,
-                                      types.MappingProxyType({}), mode,
-                                      time.monotonic() - t0)
+        artifacts = collect_artifacts(task, sb)
         image = task_image(task, backend)
 
         def verifier_sandbox():
@@ -602,7 +606,7 @@ def verify(
             if owned is None:
                 owned = open_sandbox(_spec_for(task, image), backend=backend,
                                      allow_plain=allow_plain, **sandbox_kwargs)
-                owned.put_tar(artifacts)
+                _place(owned.put_tar, artifacts, "the agent's workspace")
             return owned
 
         if ver.kind == "builtin":
@@ -615,6 +619,10 @@ def verify(
             result = _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir,
                                      hygiene, pytest_runtime)
         return dataclasses.replace(result, mode=mode, duration_s=time.monotonic() - t0)
+    except ArtifactsRefused as e:  # the agent's doing: a failing verdict
+        report = VerificationReport.invalid(str(e), terminal_success=False)
+        return VerificationResult(task.id, task.family, report, None, None, None,
+                                  types.MappingProxyType({}), mode, time.monotonic() - t0)
     except SandboxError as e:
         raise VerifierError("infrastructure", f"task {task.id}: sandbox failure during "
                             f"verification: {e}") from e
@@ -638,7 +646,7 @@ def _verify_builtin(task: Task, get_sandbox, artifacts: bytes, hygiene: HygieneR
     start = int(time.time() * 1000)
     try:
         checks = list(task.verifier.check(snapshot, run))
-    except VerifierError:
+    except (VerifierError, ArtifactsRefused):
         raise
     except Exception as e:  # noqa: BLE001 - a broken check is a verifier crash, not a 0
         raise VerifierError("crash", f"task {task.id}: built-in check raised "
@@ -679,20 +687,29 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
     ver = task.verifier
     files = {f"{test_dir}/{p}": d for p, d in ver.files.items()}
     files[f"{logs_dir}/.keep"] = b""
-    vsb.put_files(files, mode=0o755)
+    # pytest's configuration comes from the tests (their pytest.ini) or an empty one of the
+    # verifier's, never from an ini file the agent left above the tests in its workspace
+    # (`addopts = --co` there would turn an unsolved task into a pass).
+    ini = f"{test_dir}/pytest.ini" if "pytest.ini" in ver.files else f"{vdir}/pytest.ini"
+    files.setdefault(ini, b"[pytest]\n")
+    _place(lambda f: vsb.put_files(f, mode=0o755), files, "the verifier's tests")
     pythonpath = ""
     # Script verifiers (Harbor's test.sh) usually run pytest too: same runtime rule.
     if _needs_runtime(vsb, backend, image, pytest_runtime):
-        vsb.put_tar(pytest_runtime_tar(), dest=f"{vdir}/pylib")
+        _place(lambda t: vsb.put_tar(t, dest=f"{vdir}/pylib"), pytest_runtime_tar(),
+               "the verifier's pytest runtime")
         pythonpath = f"{vsb.workdir}/{vdir}/pylib"
     if ver.kind == "pytest":
-        command = (f'python3 -P -m pytest -q -p no:cacheprovider --rootdir="$TEST_DIR" '
-                   f'--confcutdir="$TEST_DIR" --ctrf "$TRSI_LOGS_DIR/ctrf.json" '
-                   f'{ver.command} "$TEST_DIR"')
+        command = (f'python3 -P -m pytest -q -p no:cacheprovider -c "$TRSI_PYTEST_INI" '
+                   f'--rootdir="$TEST_DIR" --confcutdir="$TEST_DIR" '
+                   f'--ctrf "$TRSI_LOGS_DIR/ctrf.json" {ver.command} "$TEST_DIR"')
     else:
         command = ver.command
     env = {"TEST_DIR": f"{vsb.workdir}/{test_dir}", "TRSI_LOGS_DIR": f"{vsb.workdir}/{logs_dir}",
-           "TRSI_WORKSPACE": vsb.workdir, "PYTHONDONTWRITEBYTECODE": "1", **dict(ver.env)}
+           "TRSI_WORKSPACE": vsb.workdir, "PYTHONDONTWRITEBYTECODE": "1",
+           "TRSI_PYTEST_INI": f"{vsb.workdir}/{ini}", **dict(ver.env)}
+    if ver.kind != "pytest":  # a script's own pytest run: the same configuration rule
+        env.setdefault("PYTEST_ADDOPTS", f"-c {vsb.workdir}/{ini}")
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     r = vsb.exec(command, timeout=ver.timeout_s, env=env)

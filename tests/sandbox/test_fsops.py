@@ -203,3 +203,26 @@ def test_operations_run_with_the_sandbox_uid(dirs):
         with pytest.raises(PermissionError):
             open(os.path.join(outside, "new.txt"), "w")
     open(os.path.join(outside, "new.txt"), "w").close()  # this thread is root again
+
+
+def test_deep_trees_are_walked_without_recursion_and_capped(dirs):
+    from terminal_rsi.sandbox.fsops import MAX_DEPTH
+
+    ws, _ = dirs
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    for depth, name in ((MAX_DEPTH - 2, "ok"), (MAX_DEPTH + 300, "deep")):
+        cur = os.dup(fd)
+        for i in range(depth):
+            os.mkdir(name if i == 0 else "a", dir_fd=cur)
+            nxt = os.open(name if i == 0 else "a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        os.close(cur)
+    os.close(fd)
+    got = tar_members(pack(ws, "ok"))
+    assert len(got) == MAX_DEPTH - 2
+    with pytest.raises(BadRequest, match="deeper than"):
+        pack(ws, ".")
+    os.chmod(os.path.join(ws, "ok"), 0)
+    if not ROOT:
+        assert "ok" in tar_members(pack(ws, "ok"))  # unreadable: archived, empty

@@ -11,6 +11,7 @@ front of local-bwrap. Cases that plain mode does not claim to contain
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import posixpath
@@ -26,7 +27,7 @@ import pytest
 from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec
 from terminal_rsi.sandbox.procs import pids_with_cmdline
 
-from .conftest import ROOT, assert_no_leftovers, make_tar
+from .conftest import ROOT, assert_no_leftovers, make_tar, tar_members
 
 SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
 BOUND_S = 30.0  # a generous wall-clock bound: "returns", not a speed claim
@@ -432,6 +433,33 @@ def case_network_loopback_v6_and_abstract(c):
     finally:
         for s in servers:
             s.close()
+
+
+def case_env_cannot_reach_the_wrapper(c):
+    """main: BASH_ENV in the spec or exec env ran as root in the local wrapper."""
+    out = os.path.join(c.host_dir, f"bashenv-{secrets.token_hex(4)}")
+    sb = c.make(dataclasses.replace(SPEC, env={"BASH_ENV": f"$(id > {out}-spec)",
+                                               "LD_PRELOAD": "/nonexistent-trsi.so"}))
+    r = sb.exec("id -u", timeout=10, env={"BASH_ENV": f"$(id > {out}-exec)"})
+    assert r.stdout.strip() != "0" or not ROOT
+    sb.put_files({".k.sh": b"kill() { :; }\nexit() { :; }\ntimeout() { \"$@\"; }\n"})
+    c.tokens = (b"987.611", b"987.612")
+    sb.exec("(sleep 987.611) & setsid sleep 987.612 & echo started", timeout=10,
+            env={"BASH_ENV": f"{sb.workdir}/.k.sh"})
+    assert not os.path.exists(f"{out}-spec") and not os.path.exists(f"{out}-exec")
+    left = [p for t in c.tokens for p in pids_with_cmdline(t)]
+    assert not left, f"a BASH_ENV function kept processes alive past their exec: {left}"
+
+
+def case_deep_tree_download(c):
+    c.run("mkdir t && cd t && for i in $(seq 400); do mkdir a && cd a; done; echo x > f",
+          timeout=30)
+    for path in (".", "t"):
+        try:
+            data = c.sb.get_tar(path)
+        except BadRequest:
+            continue
+        assert len(tar_members(data)) >= 400
 
 
 CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}

@@ -86,6 +86,9 @@ def test_spec_json_roundtrip_and_validation():
         SandboxSpec(memory_mb=0)
     with pytest.raises(BadRequest):
         SandboxSpec(files={"../x": b""})
+    for cpus in (1e-10, 0.0, float("inf"), float("nan"), True):
+        with pytest.raises(BadRequest):  # Docker turns a quota under 0.01 into none at all
+            SandboxSpec(cpus=cpus)
 
 
 def test_exec_result_check():

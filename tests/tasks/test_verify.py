@@ -84,6 +84,39 @@ def test_a_workspace_too_large_to_copy_is_a_failing_verdict(tb_dir):
         assert "could not be copied" in " ".join(r.report.problems)
 
 
+@pytest.mark.parametrize("name,text", [
+    ("pytest.ini", "[pytest]\naddopts = --co\n"),
+    ("pytest.ini", "[pytest]\naddopts = -p no:ctrf\n"),
+    ("pyproject.toml", "[tool.pytest.ini_options]\naddopts = '--co'\n"),
+    ("setup.cfg", "[tool:pytest]\naddopts = --co\n"),
+])
+def test_config_files_left_by_the_agent_do_not_steer_pytest(tb_dir, harbor_dir, name, text):
+    """An ini file above the tests in the workspace (main: `addopts = --co` made an unsolved
+    task pass with S = 1) is ignored by the pytest verifier and by a script's pytest."""
+    for task in (load_terminal_bench_task(tb_dir), load_harbor_task(harbor_dir)):
+        with open_task_sandbox(task, BACKEND) as sb:
+            sb.put_files({name: text.encode()})
+            r = verify(task, sb, backend=BACKEND)
+            assert (r.S, r.P, r.N) == (0, 0, 4), (task.id, r.artifacts.get("stdout.txt"))
+            run_solution(task, sb)
+            r = verify(task, sb, backend=BACKEND, mode="shared")
+            assert (r.S, r.P, r.N) == (1, 4, 4), (task.id, r.artifacts.get("stdout.txt"))
+
+
+@pytest.mark.parametrize("mode", ["separate", "shared"])
+def test_a_full_disk_left_by_the_agent_is_a_failing_verdict(tmp_path, mode):
+    """No room for the copied workspace or the verifier's tests: S = 0, not an error."""
+    toml = harbor_files()["task.toml"].replace("storage_mb = 512", "storage_mb = 16")
+    task = load_harbor_task(write(tmp_path / "h", harbor_files(**{"task.toml": toml})))
+    with open_task_sandbox(task, BACKEND) as sb:
+        run_solution(task, sb)
+        sb.exec("head -c 32M /dev/zero > fill; head -c 32M /dev/zero > /tmp/fill; true",
+                timeout=30)
+        r = verify(task, sb, backend=BACKEND, mode=mode)
+    assert r.S == 0 and not r.report.valid
+    assert "could not be" in " ".join(r.report.problems)
+
+
 def test_real_tasks_refuse_plain_mode_unless_allowed(tb_dir):
     from terminal_rsi.sandbox import BadRequest
 
