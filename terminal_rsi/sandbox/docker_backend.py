@@ -385,8 +385,10 @@ def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
     labels = {LABEL: sid, DISK_LABEL: disk}
     labels.update({f"{LABEL}.{k}": v for k, v in _me().items()})
     try:
-        return client.containers.run(
-            spec.image, _INIT, detach=True, name=f"trsi-{sid}",
+        # create + start, not run: run() pulls a missing image from a registry (network
+        # traffic the sandbox host must never make); create() only reports it missing.
+        container = client.containers.create(
+            spec.image, _INIT, name=f"trsi-{sid}",
             hostname="sandbox", user=USER, working_dir=WORKDIR,
             network_mode="host" if spec.network else "none", ipc_mode="private",
             mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
@@ -397,6 +399,8 @@ def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
             labels=labels, stop_signal="SIGKILL", init=False,
             log_config={"type": "none"},  # pid 1's stdout is writable by the sandbox user
             **places)
+        container.start()
+        return container
     except Exception as e:  # noqa: BLE001
         import docker
 
