@@ -162,6 +162,7 @@ class OutputCap:
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
+        self._cut = False
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
@@ -176,16 +177,29 @@ class OutputCap:
 
     @property
     def truncated(self) -> bool:
-        return self.total > self.head_limit + self.tail_limit
+        return self.total > self.head_limit + self.tail_limit or self._cut
+
+    def _fit(self, data: bytes, limit: int, keep_end: bool = False) -> str:
+        """``data`` decoded (invalid bytes as U+FFFD) in at most ``limit`` UTF-8 bytes:
+        a replacement character is 3 bytes, so binary output is cut to stay in the cap."""
+        text = data.decode("utf-8", errors="replace")
+        enc = text.encode("utf-8")
+        if len(enc) <= limit:
+            return text
+        self._cut = True
+        enc = enc[-limit:] if keep_end else enc[:limit]
+        return enc.decode("utf-8", errors="ignore")
 
     def text(self) -> str:
+        """The kept output as text, at most the cap in UTF-8 bytes (plus the marker)."""
         tail = bytes(self.tail[-self.tail_limit:]) if self.tail_limit else b""
-        if not self.truncated:
-            return (bytes(self.head) + tail).decode("utf-8", errors="replace")
+        limit = self.head_limit + self.tail_limit
+        if self.total <= limit:
+            return self._fit(bytes(self.head) + tail, limit)
         dropped = self.total - len(self.head) - len(tail)
         marker = f"\n...[{dropped} bytes truncated]...\n"
-        return (bytes(self.head).decode("utf-8", errors="replace") + marker
-                + tail.decode("utf-8", errors="replace"))
+        return (self._fit(bytes(self.head), self.head_limit) + marker
+                + self._fit(tail, self.tail_limit, keep_end=True))
 
 
 MAX_EXEC_TIMEOUT_S = 24 * 3600

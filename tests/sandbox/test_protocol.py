@@ -44,6 +44,21 @@ def test_output_cap_matches_reference(limit):
         assert cap.total == len(data)
 
 
+def test_output_cap_text_is_within_the_cap_in_utf8_bytes():
+    for data, limit in ((b"\xff" * 4096, 4096), (b"\xe2\x82\xac" * 2000, 999),
+                        (b"ok" + b"\xff" * 50_000, 1000)):
+        cap = OutputCap(limit)
+        cap.feed(data)
+        text = cap.text()
+        marker = len(text.split("\n...[")[1].split("]...\n")[0]) + 12 if "]...\n" in text else 0
+        assert len(text.encode()) <= limit + marker
+        assert cap.truncated == (len(data) > limit or len(data.decode("utf-8", "replace")
+                                                          .encode()) > limit)
+    cap = OutputCap(100)
+    cap.feed("héllo €".encode())
+    assert cap.text() == "héllo €" and not cap.truncated
+
+
 def test_output_cap_memory_is_bounded():
     cap = OutputCap(1000)
     for _ in range(10_000):
@@ -191,3 +206,12 @@ def test_the_exec_env_cannot_redirect_the_machinery(make_sandbox):
     assert (r.exit_code, r.stdout) == (0, "ran\n")
     with pytest.raises(BadRequest):
         SandboxSpec(files={".": b"x"})
+
+
+def test_binary_output_stays_within_the_cap_as_text(make_sandbox):
+    """Invalid UTF-8 decodes to U+FFFD (3 bytes each): the text is cut to the cap, not 3x it."""
+    sb = make_sandbox(SandboxSpec(max_output_bytes=4096))
+    r = sb.exec("head -c 4096 /dev/zero | tr '\\0' '\\377'; head -c 9000 /dev/zero | "
+                "tr '\\0' '\\377' >&2", timeout=20)
+    assert len(r.stdout.encode()) <= 4096 and len(r.stderr.encode()) <= 4096 + 64
+    assert r.truncated and r.stdout.startswith("\ufffd")
