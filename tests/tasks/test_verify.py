@@ -127,6 +127,26 @@ def test_real_tasks_refuse_plain_mode_unless_allowed(tb_dir):
         assert sb.mode == "plain"
 
 
+def test_without_bubblewrap_local_falls_back_only_where_the_policy_allows(tb_dir,
+                                                                          monkeypatch):
+    """README's main job on a machine without bubblewrap: built-in tasks run plain under
+    'builtin'; a task directory from disk is refused unless the policy is 'always'."""
+    from terminal_rsi.sandbox import BadRequest, local
+    from terminal_rsi.tasks.builtin import make_task
+
+    monkeypatch.setattr(local, "bwrap_available", lambda *a: False)
+    builtin = make_task("count_lines", 0)
+    disk = load_terminal_bench_task(tb_dir)
+    with pytest.raises(BadRequest, match="allow_plain_sandbox"):
+        open_task_sandbox(builtin, "local")
+    with open_task_sandbox(builtin, "local", allow_plain="builtin") as sb:
+        assert sb.mode == "plain"
+    with pytest.raises(BadRequest, match="allow_plain_sandbox"):
+        open_task_sandbox(disk, "local", allow_plain="builtin")
+    with open_task_sandbox(disk, "local", allow_plain="always") as sb:
+        assert sb.mode == "plain"
+
+
 def test_harbor_reward_file_is_terminal_verdict(harbor_dir):
     task = load_harbor_task(harbor_dir)
     ref = run_reference(task, backend=BACKEND)
