@@ -37,6 +37,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from terminal_rsi.sandbox.base import text_problem
+
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 COMMAND_KEYS = ("keystrokes", "cmd", "command")
 ACTION_KEYS = ("analysis", "commands", "task_complete")
@@ -171,19 +173,6 @@ def _first_json_object(text: str) -> Any:
     raise ActionParseError(f"the reply contains no JSON object. {SCHEMA_TEXT}")
 
 
-def _text_problem(value: str, max_bytes: int) -> str | None:
-    """Why `value` cannot be sent to a process (None: it can)."""
-    if "\0" in value:
-        return "holds a NUL character, which no process can receive"
-    try:
-        n = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "holds a lone surrogate (an escape like \\ud800 that is not valid Unicode text)"
-    if n > max_bytes:
-        return f"is {n} bytes; the limit is {max_bytes} (write long input to a file in steps)"
-    return None
-
-
 def _command(i: int, c: Any) -> Command:
     if isinstance(c, str):
         keys, c = ["keystrokes"], {"keystrokes": c}
@@ -196,7 +185,7 @@ def _command(i: int, c: Any) -> Command:
         raise ActionParseError(f'commands[{i}] needs exactly one string "keystrokes" '
                                f"field, got fields {sorted(c)[:10]}")
     keystrokes = c[keys[0]]
-    problem = _text_problem(keystrokes, MAX_KEYSTROKES_BYTES)
+    problem = text_problem(keystrokes, MAX_KEYSTROKES_BYTES)
     if problem:
         raise ActionParseError(f"commands[{i}].{keys[0]} {problem}")
     t = c.get("timeout", c.get("duration", DEFAULT_COMMAND_TIMEOUT_S))

@@ -210,21 +210,28 @@ MAX_ENV_ENTRIES = 256
 MAX_PATH_BYTES = 4096
 
 
-def check_text(value: Any, what: str, max_bytes: int) -> str:
-    """A string a process can receive: no NUL, no lone surrogate, at most ``max_bytes`` UTF-8."""
+def text_problem(value: Any, max_bytes: int) -> str | None:
+    """What keeps ``value`` from being text a process can receive (None: nothing): not a
+    string, a NUL character, a lone surrogate, or more than ``max_bytes`` UTF-8 bytes.
+    Shared by the sandbox, the action parser and the task loaders."""
     if not isinstance(value, str):
-        raise BadRequest(f"{what} must be a string, got {type(value).__name__}")
+        return f"expected a string, got {type(value).__name__}"
     if "\0" in value:
-        raise BadRequest(f"{what} holds a NUL character, which no process can receive; "
-                         "remove it")
+        return "holds a NUL character, which no process can receive"
     try:
         n = len(value.encode("utf-8"))
     except UnicodeEncodeError:
-        raise BadRequest(f"{what} holds a lone surrogate (not valid Unicode text); send "
-                         "UTF-8 text") from None
+        return "holds a lone surrogate (an escape like \\ud800 that is not valid Unicode text)"
     if n > max_bytes:
-        raise BadRequest(f"{what} is {n} bytes; the limit is {max_bytes}: write long input "
-                         "to a file with put_files and run that")
+        return f"is {n} bytes; the limit is {max_bytes}"
+    return None
+
+
+def check_text(value: Any, what: str, max_bytes: int) -> str:
+    """``value`` if a process can receive it as text, else BadRequest naming ``what``."""
+    problem = text_problem(value, max_bytes)
+    if problem:
+        raise BadRequest(f"{what} {problem}")
     return value
 
 

@@ -24,6 +24,8 @@ import posixpath
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from terminal_rsi.sandbox.base import text_problem
+
 VERIFIER_MODES = ("separate", "shared")
 VERIFIER_KINDS = ("pytest", "script", "builtin")
 DIFFICULTIES = ("easy", "medium", "hard", "unknown")
@@ -99,22 +101,6 @@ class FrozenMap(Mapping):
 
 def _frozen_map(m: Mapping | None) -> Mapping:
     return m if isinstance(m, FrozenMap) else FrozenMap(m)
-
-
-def text_problem(value: Any, max_bytes: int) -> str | None:
-    """What makes `value` unfit as task text (None: fine): not a string, a NUL character,
-    a lone surrogate (not valid Unicode), or more than `max_bytes` UTF-8 bytes."""
-    if not isinstance(value, str):
-        return f"expected a string, got {type(value).__name__}"
-    if "\0" in value:
-        return "holds a NUL character"
-    try:
-        n = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "holds a lone surrogate (not valid Unicode text)"
-    if n > max_bytes:
-        return f"is {n} bytes; the limit is {max_bytes}"
-    return None
 
 
 def env_problem(name: Any, value: Any) -> str | None:
