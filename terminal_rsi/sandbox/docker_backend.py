@@ -108,7 +108,7 @@ from terminal_rsi.sandbox.errors import (
 log = logging.getLogger(__name__)
 
 LABEL = "terminal_rsi.sandbox"
-OWNER_LABELS = ("pid", "start", "boot", "host", "pidns")  # LABEL + "." + name
+OWNER_LABELS = procs.OWNER_KEYS  # LABEL + "." + name
 DISK_LABEL = LABEL + ".disk"  # host path of the sandbox's tmpfs ("" when split)
 WORKDIR = "/workspace"
 USER = "1000:1000"
@@ -182,40 +182,6 @@ def _pool_key(spec: SandboxSpec) -> tuple:
 
 
 # ------------------------------------------------------------------------ owners
-
-
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def _me() -> dict[str, str]:
-    """This process as an owner: the values of the owner labels."""
-    pid = os.getpid()
-    return {"pid": str(pid), "start": str(procs.start_time(pid)), "boot": procs.boot_id(),
-            "host": socket.gethostname(), "pidns": _pid_namespace()}
-
-
-def _owner_gone(owner: Mapping[str, str], me: Mapping[str, str] | None = None) -> bool:
-    """True if ``owner`` (owner label values) was a process on this host that is gone.
-
-    Owners on another host, in another PID namespace, or without complete labels (made
-    by an older version) are never judged gone: their pids mean nothing here.
-    """
-    me = me or _me()
-    if any(not owner.get(k) for k in ("host", "boot", "pid")) or owner["host"] != me["host"]:
-        return False
-    if owner["boot"] != me["boot"]:
-        return True  # this host rebooted since: every process of that boot is gone
-    if owner.get("pidns") != me["pidns"]:
-        return False
-    try:
-        pid, start = int(owner["pid"]), int(owner.get("start", ""))
-    except ValueError:
-        return False
-    return not procs.alive(pid, start, owner["boot"])
 
 
 # ------------------------------------------------------------------------ disk
@@ -293,7 +259,7 @@ def _make_disk(sid: str, disk_mb: int) -> str:
         fd = os.open(os.path.join(root, "owner.json"),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(_me(), f)
+            json.dump(procs.owner_identity(), f)
     except BaseException:
         _remove_disk(root)
         raise
@@ -383,7 +349,7 @@ def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
             "/tmp": f"rw,exec,nosuid,nodev,size={tmp}m,mode=1777",
             "/dev/shm": f"rw,exec,nosuid,nodev,size={shm}m,mode=1777"}}
     labels = {LABEL: sid, DISK_LABEL: disk}
-    labels.update({f"{LABEL}.{k}": v for k, v in _me().items()})
+    labels.update({f"{LABEL}.{k}": v for k, v in procs.owner_identity().items()})
     try:
         # create + start, not run: run() pulls a missing image from a registry (network
         # traffic the sandbox host must never make); create() only reports it missing.
@@ -442,7 +408,7 @@ def sweep_stale(client=None, *, once: bool = False, min_age_s: float = 60.0) -> 
             if key in _swept:
                 return 0
             _swept.add(key)
-    me = _me()
+    me = procs.owner_identity()
     n = 0
     try:
         found = client.containers.list(all=True, filters={"label": LABEL})
@@ -451,7 +417,7 @@ def sweep_stale(client=None, *, once: bool = False, min_age_s: float = 60.0) -> 
     for c in found:
         labels = c.labels or {}
         owner = {k: labels.get(f"{LABEL}.{k}", "") for k in OWNER_LABELS}
-        if not _owner_gone(owner, me):
+        if not procs.owner_gone(owner, me):
             continue
         _Box(c, labels.get(DISK_LABEL, "")).destroy()
         log.warning("removed the stale sandbox container %s (owner pid %s on %s is gone)",
@@ -465,7 +431,7 @@ def sweep_stale(client=None, *, once: bool = False, min_age_s: float = 60.0) -> 
         try:
             with open(os.path.join(root, "owner.json"), encoding="utf-8") as f:
                 owner = json.load(f)
-            stale = isinstance(owner, dict) and _owner_gone(
+            stale = isinstance(owner, dict) and procs.owner_gone(
                 {k: str(owner.get(k, "")) for k in OWNER_LABELS}, me)
         except (OSError, ValueError):
             try:

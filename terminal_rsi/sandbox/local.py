@@ -465,9 +465,7 @@ def _remove_cgroup(cg: cgroups.SandboxCgroup) -> None:
 
 def _write_owner(root: str, uid: int | None, cg: cgroups.SandboxCgroup | None) -> None:
     """Record who owns ``root`` (root-owned, 0600) so a later sweep can tell it is stale."""
-    me = os.getpid()
-    rec = {"pid": me, "start": procs.start_time(me), "boot": procs.boot_id(), "uid": uid,
-           "cgroups": list(cg.dirs) if cg else []}
+    rec = {**procs.owner_identity(), "uid": uid, "cgroups": list(cg.dirs) if cg else []}
     path = os.path.join(root, OWNER_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -488,8 +486,9 @@ def sweep_stale(base_dir: str | None = None, *, once: bool = False,
                 min_age_s: float = 60.0) -> int:
     """Remove what sandboxes of dead owners left in ``base_dir``; returns how many.
 
-    A sandbox is stale when the process recorded in its owner file is gone (pid absent, or
-    reused: another start time or boot). Its processes (by uid, cgroup and environment
+    A sandbox is stale when the process recorded in its owner file is gone
+    (`procs.owner_gone`: pid absent or reused on this host; never an owner on another host
+    or in another PID namespace). Its processes (by uid, cgroup and environment
     marker) are killed, its tmpfs unmounted, its directory and cgroups removed. A
     directory without a readable owner file counts as stale once older than ``min_age_s``
     (a creation interrupted before the record was written). With ``once``, each base
@@ -511,7 +510,7 @@ def sweep_stale(base_dir: str | None = None, *, once: bool = False,
             except OSError:
                 continue
             rec = {}
-        elif procs.alive(rec.get("pid"), rec.get("start"), rec.get("boot")):
+        elif not procs.owner_gone({k: str(rec.get(k, "")) for k in procs.OWNER_KEYS}):
             continue
         sid = os.path.basename(root)[len("trsi-sb-"):].split("-", 1)[0]
         uid = rec.get("uid")

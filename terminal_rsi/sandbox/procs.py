@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 
 def _pids() -> Iterable[int]:
@@ -92,6 +93,41 @@ def alive(pid, start, boot) -> bool:
         return False
     now = start_time(pid)
     return now is not None and now == start and _state(pid) not in ("Z", "X")
+
+
+OWNER_KEYS = ("pid", "start", "boot", "host", "pidns")
+
+
+def owner_identity() -> dict[str, str]:
+    """This process as the owner of a sandbox: pid, start time, boot id, host name and PID
+    namespace (strings), enough to tell later whether it is gone or its pid was reused."""
+    pid = os.getpid()
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return {"pid": str(pid), "start": str(start_time(pid)), "boot": boot_id(),
+            "host": socket.gethostname(), "pidns": pidns}
+
+
+def owner_gone(owner: Mapping[str, str], me: Mapping[str, str] | None = None) -> bool:
+    """True if ``owner`` (an `owner_identity` record) was a process on this host that is gone.
+
+    Owners on another host, in another PID namespace, or with incomplete records are never
+    judged gone: their pids mean nothing here.
+    """
+    me = me or owner_identity()
+    if any(not owner.get(k) for k in ("host", "boot", "pid")) or owner["host"] != me["host"]:
+        return False
+    if owner["boot"] != me["boot"]:
+        return True  # this host rebooted since: every process of that boot is gone
+    if owner.get("pidns") != me["pidns"]:
+        return False
+    try:
+        pid, start = int(owner["pid"]), int(owner.get("start", ""))
+    except ValueError:
+        return False
+    return not alive(pid, start, owner["boot"])
 
 
 def _state(pid: int) -> str:

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec
+from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec, procs
 from terminal_rsi.sandbox.base import TarLimits
 
 from .conftest import REPO, make_tar, mounted, need_docker_image, tar_members
@@ -380,7 +380,7 @@ SWEEPER = textwrap.dedent("""
 
 
 def test_killed_owner_is_swept_by_the_next_process(client, shared):
-    from terminal_rsi.sandbox.docker_backend import LABEL, _me
+    from terminal_rsi.sandbox.docker_backend import LABEL
 
     env = {**os.environ, "PYTHONPATH": REPO}
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, env=env,
@@ -392,7 +392,7 @@ def test_killed_owner_is_swept_by_the_next_process(client, shared):
         owner.wait()
     assert client.containers.get(cid).status == "running"  # nothing removed it yet
     # a container of a live owner on another host (a daemon shared by two hosts)
-    other = {f"{LABEL}.{k}": v for k, v in _me().items()}
+    other = {f"{LABEL}.{k}": v for k, v in procs.owner_identity().items()}
     other.update({LABEL: "other-host", f"{LABEL}.host": "another-host",
                   f"{LABEL}.pid": "999999"})
     foreign = client.containers.run(shared.spec.image, ["sleep", "infinity"], detach=True,
@@ -423,7 +423,7 @@ def test_sweep_removes_an_orphaned_disk(client):
         import json
 
         with open(os.path.join(disk, "owner.json"), "w") as f:
-            json.dump({**docker_backend._me(), "pid": "999999999"}, f)
+            json.dump({**procs.owner_identity(), "pid": "999999999"}, f)
         assert docker_backend.sweep_stale(client) >= 1
         assert not os.path.exists(disk) and not mounted(disk)
     finally:
