@@ -3,6 +3,12 @@
 Overrides use ml_collections syntax, e.g. `--config.seed=3`. The config is
 validated against its experiment's schema before any work; a bad config file,
 field or value prints one line naming the problem and exits with status 2.
+
+Console: stdout carries the stages' one-line summaries; long loops (SFT steps, rollout
+batches, evaluation episodes, RPR steps) draw progress bars on stderr when it is a terminal
+(`--progress=always|never` overrides that). Library INFO logging (absl, orbax checkpoint
+details, JAX) is off: only warnings and errors show unless `--verbosity=0` (INFO) or
+`--verbosity=1` (DEBUG) asks for more.
 """
 
 from __future__ import annotations
@@ -18,9 +24,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from terminal_rsi import registry  # noqa: E402
+from terminal_rsi import progress, registry  # noqa: E402
 from terminal_rsi.atomic import atomic_write_text  # noqa: E402
-from terminal_rsi.configuration import ConfigError, validate_config  # noqa: E402
+from terminal_rsi.configuration import (  # noqa: E402
+    ConfigError,
+    unknown_override_message,
+    validate_config,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file under configs/ (ml_collections).", lock_config=True
@@ -28,6 +38,13 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for artifacts and checkpoints (default: runs/<experiment>)."
 )
+_PROGRESS = flags.DEFINE_enum(
+    "progress", None, progress.MODES,
+    "Progress bars on stderr: auto (only when stderr is a terminal), always, never (default: "
+    f"${progress.ENV}, else auto)."
+)
+# absl's --verbosity: unset, run.py shows warnings and errors only (app.run would show INFO).
+QUIET_VERBOSITY = logging.WARNING
 
 
 def _fail(message: str) -> None:
@@ -81,22 +98,29 @@ def _parse_flags(argv: list[str]) -> list[str]:
     """Parse flags; turn flag and config-file errors into one line instead of a traceback."""
     try:
         rest = flags.FLAGS(argv)
+        _console_defaults()
         if _CONFIG.value is not None:
             _CONFIG.value.get("experiment")  # config files load lazily: surface errors now
         return rest
     except flags.Error as e:
         _fail(str(e).splitlines()[0])
     except (KeyError, AttributeError) as e:
-        overrides = [a for a in argv if a.startswith("--config.")]
-        _fail(
-            f"a config override names a field the config file does not define ({e}); "
-            f"overrides given: {' '.join(overrides)}"
-        )
+        _fail(unknown_override_message(e, [a for a in argv if a.startswith("--config.")]))
     except Exception as e:  # config_flags raises OSError for missing files and syntax errors
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         detail = lines[-1] if lines else type(e).__name__
         _fail(f"could not load the config file given by --config: {detail}")
     raise AssertionError("unreachable")
+
+
+def _console_defaults() -> None:
+    """Quiet library logging unless --verbosity was given (absl raises an unset verbosity to
+    INFO, which floods the console with orbax's per-checkpoint lines), and hand --progress to
+    `terminal_rsi.progress` (its environment variable, so it holds in every module)."""
+    if flags.FLAGS["verbosity"].using_default_value:
+        flags.FLAGS.verbosity = QUIET_VERBOSITY
+    if _PROGRESS.value is not None:
+        os.environ[progress.ENV] = _PROGRESS.value
 
 
 if __name__ == "__main__":

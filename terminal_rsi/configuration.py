@@ -10,6 +10,7 @@ allowed. The same schemas generate `docs/configs.md`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -120,6 +121,40 @@ def sandbox_backend_problem(value: str) -> str | None:
     if "," in value:
         return f"not http(s):// URLs: {', '.join(repr(u) for u in bad)}"
     return "not a known sandbox backend"
+
+
+def unknown_override_message(error: Exception, overrides: Sequence[str]) -> str:
+    """One readable line for a `--config.<path>` override that names no field of the config
+    file (`error`: the KeyError ml_collections raises, perhaps inside an AttributeError; its
+    text is a quoted name, perhaps with a line "Did you mean ..."). E.g. for `--config.sed=1`:
+    "a config override names a field the config file does not define: 'sed' in
+    --config.sed=1; did you mean --config.seed=1?"."""
+    while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError)
+        error = error.args[0]
+    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    quoted = re.fullmatch(r"""(['"])(.+)\1""", lines[0]) if lines else None
+    head = "a config override names a field the config file does not define"
+    if quoted is None:  # e.g. an override below a leaf: config.seed.x
+        detail = " ".join(lines) or type(error).__name__
+        return f"{head} ({detail}); overrides given: {' '.join(overrides)}"
+    name = quoted.group(2)
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+
+    def parts(o):
+        flag, sep, value = o.partition("=")
+        return flag.removeprefix("--config.").split("."), sep + value
+
+    culprits = [o for o in overrides if name in parts(o)[0]]
+    if not culprits:
+        out = f"{head}: {name!r}; overrides given: {' '.join(overrides)}"
+        return out + (f"; did you mean {hint.group(1)!r}?" if hint else "")
+    out = f"{head}: {name!r} in {culprits[0]}"
+    if hint:
+        path, rest = parts(culprits[0])
+        fixed = ".".join(hint.group(1) if p == name else p for p in path)
+        out += f"; did you mean --config.{fixed}{rest}?"
+    return out
 
 
 def flatten(config: ml_collections.ConfigDict | Mapping[str, Any], prefix: str = "") -> dict:

@@ -142,6 +142,8 @@ def _run(*args, timeout=120):
          "config.tasks.backend = 'bogus' is not allowed"),
         (["--config=configs/evaluate.py", "--config.tasks.backend=ftp://x"],
          "config.tasks.backend = 'ftp://x' is not allowed"),
+        (["--config=configs/credit_diagnostic.py", "--progress=sometimes"],
+         "flag --progress=sometimes"),
     ],
 )
 def test_run_py_bad_input_is_one_line(args, message):
@@ -150,6 +152,36 @@ def test_run_py_bad_input_is_one_line(args, message):
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("override, readable", [
+    ("--config.sed=1", "'sed' in --config.sed=1; did you mean --config.seed=1?"),
+    ("--config.tasks.bakend=x", "'bakend' in --config.tasks.bakend=x; did you mean "
+     "--config.tasks.backend=x?"),
+    ("--config.taks.backend=x", "'taks' in --config.taks.backend=x; did you mean "
+     "--config.tasks.backend=x?"),
+    ("--config.zzz=1", "'zzz' in --config.zzz=1"),
+])
+def test_a_misspelled_override_reads_as_text(override, readable):
+    proc = _run("--config=configs/rpr2_spr.py", override)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: a config override names a field the config file does not define: {readable}"]
+    for raw in ("\\n", "\\'", '\\"', "KeyError", "Traceback"):  # no repr() leaking through
+        assert raw not in proc.stderr
+
+
+def test_unknown_override_message_without_a_hint_or_a_name():
+    from terminal_rsi.configuration import unknown_override_message
+
+    e = AttributeError(KeyError("'no_such'"))
+    assert unknown_override_message(e, ["--config.no_such=1", "--config.seed=2"]) == (
+        "a config override names a field the config file does not define: 'no_such' in "
+        "--config.no_such=1")
+    e = AttributeError("Attribute <class 'int'>.x does not exist")
+    assert unknown_override_message(e, ["--config.seed.x=1"]) == (
+        "a config override names a field the config file does not define (Attribute <class "
+        "'int'>.x does not exist); overrides given: --config.seed.x=1")
 
 
 def test_run_py_runs_the_diagnostic(tmp_path):

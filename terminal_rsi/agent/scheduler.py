@@ -31,7 +31,6 @@ import concurrent.futures as cf
 import dataclasses
 import itertools
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,6 +46,7 @@ from terminal_rsi.agent.harness import (
     run_episode,
 )
 from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory
+from terminal_rsi.progress import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +54,15 @@ class SchedulerConfig:
     """concurrency: episodes in flight (threads / sandboxes). oversample: B' = ceil(B (1 +
     oversample)) (the paper: 288 for 256, i.e. 0.125). keep_stragglers: let episodes past the
     first B finish and return them (else cancel them). max_batch_wait_s: how long the batching
-    loop waits for more prompts after the first. progress: print a progress line to stderr."""
+    loop waits for more prompts after the first. progress: a bar of finished episodes on
+    stderr (`terminal_rsi.progress`: rate, ETA, success, mean turns); None: only when stderr is
+    a terminal (or as $TERMINAL_RSI_PROGRESS says), True: always, False: never."""
 
     concurrency: int = 16
     oversample: float = 0.125
     keep_stragglers: bool = False
     max_batch_wait_s: float = 0.02
-    progress: bool = False
+    progress: bool | None = None
 
     def __post_init__(self):
         if self.concurrency < 1:
@@ -155,13 +157,10 @@ class RolloutResult:
     errors: list[str] = dataclasses.field(default_factory=list)  # episodes that raised
 
 
-def _progress_line(done: int, total: int, t0: float, trajs: Sequence[Trajectory]) -> str:
-    el = max(time.monotonic() - t0, 1e-9)
+def _progress_postfix(trajs: Sequence[Trajectory]) -> dict[str, str]:
     n = max(len(trajs), 1)
-    success = sum(t.S for t in trajs) / n
-    turns = sum(len(t.turns) for t in trajs) / n
-    return (f"\r[rollout] {done}/{total} episodes  {done / el:.2f} ep/s  success "
-            f"{success:.2f}  mean turns {turns:.1f}")
+    return {"success": f"{sum(t.S for t in trajs) / n:.2f}",
+            "turns": f"{sum(len(t.turns) for t in trajs) / n:.1f}"}
 
 
 class RolloutScheduler:
@@ -180,11 +179,11 @@ class RolloutScheduler:
         return int(math.ceil(batch_size * (1.0 + self.config.oversample) - 1e-9))
 
     def collect(self, tasks: Iterable, batch_size: int, *,
-                policy_version: int | None = None) -> RolloutResult:
+                policy_version: int | None = None, desc: str = "rollout") -> RolloutResult:
         """Launch B' = num_launch(B) episodes (tasks taken in order from `tasks`) and return
         the first B trainable ones to finish (see the module doc). `policy_version` (default:
         the policy's current version) is recorded in every trajectory; each turn also records
-        the version that actually generated it."""
+        the version that actually generated it. `desc` labels the progress bar."""
         cfg = self.config
         launch = list(itertools.islice(iter(tasks), self.num_launch(batch_size)))
         if not launch:
@@ -213,10 +212,12 @@ class RolloutScheduler:
         cancelled = 0
         errors: list[str] = []
         pool = cf.ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="episode")
+        bar = progress(total=len(launch), desc=desc, unit="ep", force=cfg.progress)
         try:
             futs = {pool.submit(work, i, t): i for i, t in enumerate(launch)}
             for fut in cf.as_completed(futs):
                 i = futs[fut]
+                bar.update()  # every launched episode ends once: kept, dropped, cancelled, ...
                 try:
                     traj = fut.result()
                 except EpisodeCancelled:
@@ -236,16 +237,12 @@ class RolloutScheduler:
                         cancel.set()
                 else:
                     stragglers.append(traj)
-                if cfg.progress:
-                    done = len(kept) + len(stragglers) + len(dropped)
-                    sys.stderr.write(_progress_line(done, len(launch), t0, kept + stragglers))
-                    sys.stderr.flush()
+                bar.set_postfix(_progress_postfix(kept + stragglers), refresh=False)
         finally:
             cancel.set()
             pool.shutdown(wait=True, cancel_futures=True)
             batcher.close()
-        if cfg.progress:
-            sys.stderr.write("\n")
+            bar.close()
         elapsed = time.monotonic() - t0
         stats = self._stats(kept, stragglers, dropped, cancelled, len(launch), elapsed, batcher,
                             errors)

@@ -46,6 +46,7 @@ from terminal_rsi.models.loading import (  # noqa: F401  (re-exported for caller
     model_config,
     smollm2_gguf_path,
 )
+from terminal_rsi.progress import echo
 
 SUITES = ("heldout_instances", "heldout_families")
 SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
@@ -191,8 +192,10 @@ def critic_explained_variance(critic_graphdef, critic_params, trajectories, buck
 
 
 def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *,
-               strata=None, critic=None, log=print) -> dict:
-    """Run every suite k times and summarize; writes `<suite>.jsonl` shards."""
+               strata=None, critic=None, log=echo) -> dict:
+    """Run every suite k times and summarize; writes `<suite>.jsonl` shards. A progress bar
+    per suite (`terminal_rsi.progress`); one summary line per suite through `log` (EV n/a:
+    no critic given, or no episode to measure it on)."""
     from terminal_rsi.agent import (
         HarnessConfig,
         RolloutScheduler,
@@ -221,7 +224,7 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
             task, config.tasks.backend, allow_plain=config.tasks.allow_plain_sandbox),
             SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True))
         launch = [task for _ in range(e.k) for task in tasks]
-        res = sched.collect(launch, len(launch))
+        res = sched.collect(launch, len(launch), desc=f"eval {suite}")
         runs: list[list] = [[None] * len(tasks) for _ in range(e.k)]
         got = res.trajectories + res.stragglers
         for traj in got:
@@ -240,11 +243,11 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
         log(f"[evaluate] {suite}: Mean@{e.k} {out[suite]['mean_at_k']:.3f}  "
             f"pass@{e.k} {out[suite]['pass_at_k'].get(str(e.k), float('nan')):.3f}  "
             f"process {out[suite]['process_reward']:.3f}  tasks {len(tasks)}  "
-            f"EV {ev if ev is None else round(ev, 3)}  {out[suite]['wall_s']:.0f}s")
+            f"EV {'n/a' if ev is None else round(ev, 3)}  {out[suite]['wall_s']:.0f}s")
     return out
 
 
-def evaluate(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
+def evaluate(config: ml_collections.ConfigDict, workdir: str, log=echo) -> dict:
     """Run the evaluation described by `config` into `workdir`; returns the metrics dict."""
     os.makedirs(workdir, exist_ok=True)
     tasks_by_suite = eval_tasks(config)

@@ -41,6 +41,7 @@ import ml_collections
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.pipeline.graph import RPR1, graph_for, prerequisites
 from terminal_rsi.pipeline.ledger import PLOTS, Ledger, now_iso
+from terminal_rsi.progress import echo
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL_DIMS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -192,7 +193,7 @@ class Pipeline:
 
         self.config = config
         self.run_dir = os.path.abspath(run_dir)
-        self.log = log or (lambda s: print(s, flush=True))
+        self.log = log or echo  # stdout, above any progress bar
         self.scale = get_scale(config.scale)
         self.graph = graph_for(config.pipeline.base, tuple(config.pipeline.bypass))
         self.bypass = tuple(config.pipeline.bypass)

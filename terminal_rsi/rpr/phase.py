@@ -79,6 +79,7 @@ from terminal_rsi.models.loading import (  # noqa: F401  (MODEL_FIELDS, model_co
     load_model,
     model_config,
 )
+from terminal_rsi.progress import echo, progress
 
 SCHEMA = {
     **BASE_SCHEMA,
@@ -410,8 +411,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
         artifacts.prune_after(traj_dir, step)
         if on_resume is not None:
             on_resume(rs)
-        print(f"[rpr] resumed from step {step} (data position {data_position}, "
-              f"policy version {version})")
+        echo(f"[rpr] resumed from step {step} (data position {data_position}, "
+            f"policy version {version})")
     else:
         _write_metrics(metrics_path, [])
         artifacts.prune_after(traj_dir, 0)
@@ -445,140 +446,145 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *,
 
     def scheduler(seed, oversample):
         pol = SamplerPolicy(sampler, actor.params, tok, seed=seed, version=version)
+        # rollout.progress forces the rollout bar; else it shows only on a terminal
         return RolloutScheduler(pol, harness_for(config.rewards.fn), sandbox, SchedulerConfig(
-            concurrency=r.concurrency, oversample=oversample, progress=r.progress))
+            concurrency=r.concurrency, oversample=oversample, progress=r.progress or None))
 
     eval_tasks = None
     adv_kwargs = ({"estimator": "tb_gae", "gamma_turn": a.gamma_turn,
                    "lambda_turn": a.lambda_turn} if a.estimator == "tb_gae"
                   else {"estimator": "gae", "gamma": a.gamma, "lam": a.lam})
     t_start = time.monotonic()
-    while step < num_steps:
-        step += 1
-        t0 = time.monotonic()
-        key, k_roll, k_perm, k_eval = jax.random.split(key, 4)
-        sched = scheduler(int(jax.random.randint(k_roll, (), 0, 2**31 - 1)), r.oversample)
-        n_launch = sched.num_launch(r.batch_size)
-        rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
-        launch = curriculum.launch(n_launch, data_position, rng)
-        data_position += n_launch
-        res = sched.collect(launch, r.batch_size, policy_version=version)
-        if not res.trajectories:
-            raise PhaseError(f"step {step}: no trainable episodes ({res.errors[:3]})")
-        packed = pack_trajectories(res.trajectories, buckets=pack_buckets)
-        batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids",
-                                                 "gen_mask", "rewards", "dones", "turn_ids")}
-        n_mb = p.num_minibatches
-        if batch["tokens"].shape[0] % (n_mb * m):
-            raise PhaseError(f"packed batch of {batch['tokens'].shape[0]} rows is not "
-                             f"divisible by num_minibatches * num_microbatches = {n_mb * m}")
-        widths = (_row_widths(packed.segment_ids, r.cache_multiple) if p.length_grouping
-                  else np.full(packed.tokens.shape[0], packed.tokens.shape[1]))
-        fwd_groups = _minibatch_rows(widths, n_mb, np.random.default_rng(0), p.length_grouping)
-        grouped_logprobs = _grouped_forward(logprob_fn, fwd_groups, widths)
-        batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
-                                     logprob_fn=grouped_logprobs,
-                                     value_fn=_grouped_forward(value_fn, fwd_groups, widths),
-                                     next_row=packed.next_row, **adv_kwargs)
-        if ref_actor is not None:
-            batch["ref_logprobs"] = grouped_logprobs(ref_actor, batch)
-        malformed = malformed_mask(packed, res.trajectories)
-        if p.mask_malformed:
-            batch["policy_mask"] = packed.gen_mask & ~malformed
-        trained = np.asarray(ps.trained_mask(packed.gen_mask, batch["segment_ids"]))
-        adv_stats = _advantage_means(batch["advantages"], trained, malformed)
-        if p.normalize_advantages:
-            # statistics over every trained token, malformed replies included: they are part of
-            # the on-policy sample, and all of them failed, so the kept tokens alone are a
-            # reward-selected subset whose mean is biased upward (centering on it would push
-            # down the successes the critic already expected)
-            batch["advantages"] = ps.whiten_advantages(
-                batch["advantages"], batch["gen_mask"], batch["segment_ids"])
-        name = artifacts.step_name("step", step)
-        for t in res.trajectories:
-            t.meta.update(rpr_step=step, rpr_mode=config.mode)
-        write_shard(os.path.join(traj_dir, f"{name}.jsonl"), res.trajectories)
-        artifacts.write_credit(os.path.join(traj_dir, f"{name}.credit.npz"),
-                               artifacts.credit_arrays(packed, jax.device_get(batch)))
-        gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
-        ev_pre = _explained_variance(np.asarray(batch["old_values"])[trained],
-                                     np.asarray(batch["returns"])[trained])
-        real = packed.policy_version[packed.policy_version >= 0]
-        lag = version - real  # synchronous rollouts: always 0
-        critic_only = step <= warmup_steps
-        cms, ams = [], []
-        np_batch = {k: np.asarray(v) for k, v in batch.items()}
-        critic_epochs = p.critic_epochs or p.epochs
-        for epoch in range(max(p.epochs, critic_epochs)):
-            for rows in _minibatch_rows(widths, n_mb, rng, p.length_grouping):
-                mb = _take(np_batch, rows, int(widths[rows].max()))
-                if epoch < critic_epochs:
-                    critic, cm = critic_step(critic, mb)
-                    cms.append(jax.device_get(cm))
-                if not critic_only and epoch < p.epochs:
-                    actor, am = actor_step(actor, mb)
-                    ams.append(jax.device_get(am))
-        if not critic_only:
-            version += 1
-        trajs = res.trajectories
-        curriculum.update(trajs)
-        row = {
-            "step": step,
-            "critic_only": critic_only,
-            "policy_version": version,
-            "data_position": data_position,
-            "episodes": len(trajs),
-            "reward_binary": float(np.mean([t.S for t in trajs])),
-            "reward_dense": float(np.mean([t.reward for t in trajs])),
-            "turns": float(np.mean([len(t.turns) for t in trajs])),
-            "generated_tokens": float(np.mean([t.num_generated for t in trajs])),
-            "truncated_rows": int(packed.truncated.sum()),
-            "malformed_token_frac": float(malformed.sum() / max(packed.gen_mask.sum(), 1)),
-            **adv_stats,
-            "dropped": len(res.dropped),
-            "episode_errors": len(res.errors),
-            "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,
-            "policy_lag_max": int(np.max(lag)) if lag.size else 0,
-            "value_ev_pre_update": ev_pre,
-            **gap,
-            "critic_updates": len(cms),
-            "actor_updates": len(ams),
-            **_mean_metrics(cms, "critic"),
-            **_mean_metrics(ams, "actor"),
-            "rollout_s": res.stats["elapsed_s"],
-            **curriculum.summary(),
-        }
-        if config.eval.every and step % config.eval.every == 0:
-            if eval_tasks is None:
-                eval_tasks = config_tasks(config, config.tasks.eval_split,
-                                    config.tasks.eval_n_per_family)[:config.eval.num_tasks]
-            ev = scheduler(int(jax.random.randint(k_eval, (), 0, 2**31 - 1)), 0.0).collect(
-                eval_tasks, len(eval_tasks), policy_version=version)
-            row["eval/success"] = ev.stats["success_rate"]
-            row["eval/reward_dense"] = ev.stats["mean_reward_kept"]
-            row["eval/episodes"] = len(ev.trajectories)
-            for t in ev.trajectories:
-                t.meta.update(rpr_step=step, rpr_eval=True)
-            write_shard(os.path.join(traj_dir, f"{artifacts.step_name('eval', step)}.jsonl"),
-                        ev.trajectories)
-        row["step_s"] = time.monotonic() - t0
-        row = {k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()}
-        last = step == num_steps or step == stop_after
-        if step % config.checkpoint.every == 0 or last:
-            ckpt.save(step, actor=actor, critic=critic, rngs={"phase": key},
-                      policy_version=version, data_position=data_position,
-                      extra={"divisors": divisors.to_dict(), "mode": config.mode,
-                             "curriculum": curriculum.to_dict()},
-                      force=True)
-            ckpt.wait()
-        metrics.append(row)
-        _write_metrics(metrics_path, metrics)
-        tb.write(step, row)
-        print(_progress(row, num_steps, time.monotonic() - t_start), flush=True)
-        if on_step is not None:
-            on_step(step, actor, critic, row)
-        if stop_after is not None and step >= stop_after:
-            break
+    # one bar of the phase's steps (the rollout bar of each step nests below it)
+    with progress(total=num_steps, initial=step, unit="step",
+                  desc="warmup_critic" if warmup_mode else "rpr") as bar:
+        while step < num_steps:
+            step += 1
+            t0 = time.monotonic()
+            key, k_roll, k_perm, k_eval = jax.random.split(key, 4)
+            sched = scheduler(int(jax.random.randint(k_roll, (), 0, 2**31 - 1)), r.oversample)
+            n_launch = sched.num_launch(r.batch_size)
+            rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
+            launch = curriculum.launch(n_launch, data_position, rng)
+            data_position += n_launch
+            res = sched.collect(launch, r.batch_size, policy_version=version)
+            if not res.trajectories:
+                raise PhaseError(f"step {step}: no trainable episodes ({res.errors[:3]})")
+            packed = pack_trajectories(res.trajectories, buckets=pack_buckets)
+            batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids",
+                                                     "gen_mask", "rewards", "dones", "turn_ids")}
+            n_mb = p.num_minibatches
+            if batch["tokens"].shape[0] % (n_mb * m):
+                raise PhaseError(f"packed batch of {batch['tokens'].shape[0]} rows is not "
+                                 f"divisible by num_minibatches * num_microbatches = {n_mb * m}")
+            widths = (_row_widths(packed.segment_ids, r.cache_multiple) if p.length_grouping
+                      else np.full(packed.tokens.shape[0], packed.tokens.shape[1]))
+            fwd_groups = _minibatch_rows(widths, n_mb, np.random.default_rng(0), p.length_grouping)
+            grouped_logprobs = _grouped_forward(logprob_fn, fwd_groups, widths)
+            batch = ps.prepare_ppo_batch(actor, critic, batch, num_microbatches=m,
+                                         logprob_fn=grouped_logprobs,
+                                         value_fn=_grouped_forward(value_fn, fwd_groups, widths),
+                                         next_row=packed.next_row, **adv_kwargs)
+            if ref_actor is not None:
+                batch["ref_logprobs"] = grouped_logprobs(ref_actor, batch)
+            malformed = malformed_mask(packed, res.trajectories)
+            if p.mask_malformed:
+                batch["policy_mask"] = packed.gen_mask & ~malformed
+            trained = np.asarray(ps.trained_mask(packed.gen_mask, batch["segment_ids"]))
+            adv_stats = _advantage_means(batch["advantages"], trained, malformed)
+            if p.normalize_advantages:
+                # statistics over every trained token, malformed replies included: they are part of
+                # the on-policy sample, and all of them failed, so the kept tokens alone are a
+                # reward-selected subset whose mean is biased upward (centering on it would push
+                # down the successes the critic already expected)
+                batch["advantages"] = ps.whiten_advantages(
+                    batch["advantages"], batch["gen_mask"], batch["segment_ids"])
+            name = artifacts.step_name("step", step)
+            for t in res.trajectories:
+                t.meta.update(rpr_step=step, rpr_mode=config.mode)
+            write_shard(os.path.join(traj_dir, f"{name}.jsonl"), res.trajectories)
+            artifacts.write_credit(os.path.join(traj_dir, f"{name}.credit.npz"),
+                                   artifacts.credit_arrays(packed, jax.device_get(batch)))
+            gap = logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask)
+            ev_pre = _explained_variance(np.asarray(batch["old_values"])[trained],
+                                         np.asarray(batch["returns"])[trained])
+            real = packed.policy_version[packed.policy_version >= 0]
+            lag = version - real  # synchronous rollouts: always 0
+            critic_only = step <= warmup_steps
+            cms, ams = [], []
+            np_batch = {k: np.asarray(v) for k, v in batch.items()}
+            critic_epochs = p.critic_epochs or p.epochs
+            for epoch in range(max(p.epochs, critic_epochs)):
+                for rows in _minibatch_rows(widths, n_mb, rng, p.length_grouping):
+                    mb = _take(np_batch, rows, int(widths[rows].max()))
+                    if epoch < critic_epochs:
+                        critic, cm = critic_step(critic, mb)
+                        cms.append(jax.device_get(cm))
+                    if not critic_only and epoch < p.epochs:
+                        actor, am = actor_step(actor, mb)
+                        ams.append(jax.device_get(am))
+            if not critic_only:
+                version += 1
+            trajs = res.trajectories
+            curriculum.update(trajs)
+            row = {
+                "step": step,
+                "critic_only": critic_only,
+                "policy_version": version,
+                "data_position": data_position,
+                "episodes": len(trajs),
+                "reward_binary": float(np.mean([t.S for t in trajs])),
+                "reward_dense": float(np.mean([t.reward for t in trajs])),
+                "turns": float(np.mean([len(t.turns) for t in trajs])),
+                "generated_tokens": float(np.mean([t.num_generated for t in trajs])),
+                "truncated_rows": int(packed.truncated.sum()),
+                "malformed_token_frac": float(malformed.sum() / max(packed.gen_mask.sum(), 1)),
+                **adv_stats,
+                "dropped": len(res.dropped),
+                "episode_errors": len(res.errors),
+                "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,
+                "policy_lag_max": int(np.max(lag)) if lag.size else 0,
+                "value_ev_pre_update": ev_pre,
+                **gap,
+                "critic_updates": len(cms),
+                "actor_updates": len(ams),
+                **_mean_metrics(cms, "critic"),
+                **_mean_metrics(ams, "actor"),
+                "rollout_s": res.stats["elapsed_s"],
+                **curriculum.summary(),
+            }
+            if config.eval.every and step % config.eval.every == 0:
+                if eval_tasks is None:
+                    eval_tasks = config_tasks(config, config.tasks.eval_split,
+                                        config.tasks.eval_n_per_family)[:config.eval.num_tasks]
+                ev = scheduler(int(jax.random.randint(k_eval, (), 0, 2**31 - 1)), 0.0).collect(
+                    eval_tasks, len(eval_tasks), policy_version=version, desc="eval")
+                row["eval/success"] = ev.stats["success_rate"]
+                row["eval/reward_dense"] = ev.stats["mean_reward_kept"]
+                row["eval/episodes"] = len(ev.trajectories)
+                for t in ev.trajectories:
+                    t.meta.update(rpr_step=step, rpr_eval=True)
+                write_shard(os.path.join(traj_dir, f"{artifacts.step_name('eval', step)}.jsonl"),
+                            ev.trajectories)
+            row["step_s"] = time.monotonic() - t0
+            row = {k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()}
+            last = step == num_steps or step == stop_after
+            if step % config.checkpoint.every == 0 or last:
+                ckpt.save(step, actor=actor, critic=critic, rngs={"phase": key},
+                          policy_version=version, data_position=data_position,
+                          extra={"divisors": divisors.to_dict(), "mode": config.mode,
+                                 "curriculum": curriculum.to_dict()},
+                          force=True)
+                ckpt.wait()
+            metrics.append(row)
+            _write_metrics(metrics_path, metrics)
+            tb.write(step, row)
+            bar.update()
+            echo(_progress(row, num_steps, time.monotonic() - t_start))
+            if on_step is not None:
+                on_step(step, actor, critic, row)
+            if stop_after is not None and step >= stop_after:
+                break
     ckpt.close()
     tb.close()
     if step == num_steps:
@@ -620,7 +626,7 @@ def _progress(row: dict, num_steps: int, elapsed: float) -> str:
     ev = row.get("value_ev_pre_update")
     s = (f"[rpr] step {row['step']}/{num_steps} {'critic-only' if row['critic_only'] else 'joint'}"
          f"  success {row['reward_binary']:.2f}  reward {row['reward_dense']:.3f}"
-         f"  turns {row['turns']:.1f}  EV {ev if ev is None else round(ev, 3)}")
+         f"  turns {row['turns']:.1f}  EV {'n/a' if ev is None else round(ev, 3)}")
     if "actor/clip_frac_low" in row:
         s += (f"  clip {row['actor/clip_frac_low']:.3f}/{row['actor/clip_frac_high']:.3f}")
     if "eval/success" in row:

@@ -37,6 +37,7 @@ import ml_collections
 import numpy as np
 
 from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
+from terminal_rsi.progress import echo, progress
 from terminal_rsi.rsr import common as cm
 
 SCHEMA = {
@@ -137,8 +138,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     demos, demo_stats = render_demonstrations(config, tasks, tok, rng)
     write_shard(os.path.join(trajdir, "demos.jsonl"), demos)
     t_demo = time.monotonic() - t_start
-    print(f"[base_sft] {len(demos)} demonstrations ({demo_stats}) in {t_demo:.0f}s",
-          flush=True)
+    echo(f"[base_sft] {len(demos)} demonstrations ({_demo_str(demo_stats)}) in {t_demo:.0f}s")
 
     actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed,
                             total_steps=config.sft.steps)
@@ -179,27 +179,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             row["step"] = k + offset
             metrics.append(row)
             if row["step"] % 10 == 0 or row["step"] == s.steps:
-                print(f"[base_sft] step {row['step']}/{s.steps} loss {row['loss']:.3f} "
-                      f"nll/token {row['nll_per_token']:.4f} "
-                      f"{time.monotonic() - t_train0:.0f}s", flush=True)
+                echo(f"[base_sft] step {row['step']}/{s.steps} loss {row['loss']:.3f} "
+                     f"nll/token {row['nll_per_token']:.4f} "
+                     f"{time.monotonic() - t_train0:.0f}s")
         return f
 
-    # train in chunks between evaluations
+    # train in chunks between evaluations, under one bar of all the steps
     every = config.eval.every or s.steps
     done = 0
     cpu0 = time.process_time()
-    while done < s.steps:
-        n = min(every, s.steps - done)
-        t0 = time.monotonic()
-        actor, _ = train_sft(actor, demos, step_fn, num_steps=n, batch_size=s.batch_size,
-                             rng=rng, buckets=buckets, sampler=sampler, width=width,
-                             on_step=on_step(done))
-        train_s += time.monotonic() - t0
-        done += n
-        if done < s.steps and config.eval.every:
-            run_eval(done, metrics[-1])
-            print(f"[base_sft] eval at step {done}: {_eval_str(metrics[-1])}", flush=True)
-        cm.write_jsonl(metrics_path, metrics)
+    with progress(total=s.steps, desc="base_sft", unit="step") as bar:
+        while done < s.steps:
+            n = min(every, s.steps - done)
+            t0 = time.monotonic()
+            actor, _ = train_sft(actor, demos, step_fn, num_steps=n, batch_size=s.batch_size,
+                                 rng=rng, buckets=buckets, sampler=sampler, width=width,
+                                 on_step=on_step(done), bar=bar)
+            train_s += time.monotonic() - t0
+            done += n
+            if done < s.steps and config.eval.every:
+                run_eval(done, metrics[-1])
+                echo(f"[base_sft] eval at step {done}: {_eval_str(metrics[-1])}")
+            cm.write_jsonl(metrics_path, metrics)
     train_cpu_s = time.process_time() - cpu0  # includes in-training evaluations
     if not metrics:  # sft.steps == 0: one line so that metrics.jsonl is never empty
         metrics.append({"step": 0})
@@ -227,10 +228,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "wall_s": time.monotonic() - t_start,
     }
     cm.write_json(os.path.join(workdir, "summary.json"), summary)
-    print(f"[base_sft] done: held-out success {summary['heldout_success']} "
-          f"(guided {summary['heldout_guided_success']}) after {train_s:.0f}s of training",
-          file=sys.stderr)
+    echo(f"[base_sft] done: held-out success {_rate(summary['heldout_success'])} "
+         f"(guided {_rate(summary['heldout_guided_success'])}) after {train_s:.0f}s of "
+         "training", file=sys.stderr)
     return summary
+
+
+def _rate(x: float | None) -> str:
+    """A success rate as a person reads it: "0.75", or "not measured" for None."""
+    return "not measured" if x is None else f"{x:.2f}"
+
+
+def _demo_str(stats: dict) -> str:
+    return (f"{stats['demos_plain']} plain, {stats['demos_guided']} runbook-guided, "
+            f"{stats['demos_failed']} failed")
 
 
 def _eval_str(row: dict) -> str:

@@ -28,6 +28,7 @@ import optax
 
 from terminal_rsi import ppo_step as ps
 from terminal_rsi.losses import Aggregation, LossParts, sft_loss
+from terminal_rsi.progress import progress
 from terminal_rsi.train_state import TrainState
 
 SFT_KEYS = ("tokens", "positions", "segment_ids", "gen_mask")
@@ -133,25 +134,38 @@ def mean_nll(state: TrainState, trajectories: Sequence, nll_fn, *, batch_size: i
 def train_sft(state: TrainState, trajectories: Sequence, step_fn, *, num_steps: int,
               batch_size: int, rng: np.random.Generator, buckets=None, width: int | None = None,
               on_step: Callable[[int, dict], Any] | None = None,
-              sampler: Callable[[np.random.Generator, int], Sequence] | None = None):
+              sampler: Callable[[np.random.Generator, int], Sequence] | None = None,
+              bar=None):
     """`num_steps` SFT steps, each on `batch_size` trajectories drawn uniformly with
     replacement (or by `sampler(rng, batch_size)`, e.g. a curriculum), packed to `width`
     (None: the bucketed batch maximum, a new compile per new shape). Returns (state,
     per-step metric dicts with "step", "loss", "nll_per_token", "tokens", "grad_norm",
-    "step_s")."""
+    "step_s"). Progress: a bar of these steps (`terminal_rsi.progress`), or `bar`, one the
+    caller keeps across several calls (advanced by one per step, left open)."""
     if not trajectories and sampler is None:
         raise ValueError("train_sft needs at least one trajectory (Q_clean is empty)")
+    own_bar = bar is None
+    if own_bar:
+        bar = progress(total=num_steps, desc="sft", unit="step")
     rows = []
-    for k in range(1, num_steps + 1):
-        t0 = time.monotonic()
-        if sampler is not None:
-            picked = list(sampler(rng, batch_size))
-        else:
-            picked = [trajectories[i] for i in rng.integers(0, len(trajectories), batch_size)]
-        state, mt = step_fn(state, sft_batch(picked, buckets, width=width))
-        row = {"step": k, **{key: float(v) for key, v in jax.device_get(mt).items()},
-               "step_s": time.monotonic() - t0}
-        rows.append(row)
-        if on_step is not None:
-            on_step(k, row)
+    try:
+        for k in range(1, num_steps + 1):
+            t0 = time.monotonic()
+            if sampler is not None:
+                picked = list(sampler(rng, batch_size))
+            else:
+                picked = [trajectories[i] for i in rng.integers(0, len(trajectories),
+                                                                batch_size)]
+            state, mt = step_fn(state, sft_batch(picked, buckets, width=width))
+            row = {"step": k, **{key: float(v) for key, v in jax.device_get(mt).items()},
+                   "step_s": time.monotonic() - t0}
+            rows.append(row)
+            if "loss" in row:
+                bar.set_postfix(loss=f"{row['loss']:.3f}", refresh=False)
+            bar.update()
+            if on_step is not None:
+                on_step(k, row)
+    finally:
+        if own_bar:
+            bar.close()
     return state, rows

@@ -55,3 +55,23 @@ def test_write_config_replaces_atomically(tmp_path):
         d = json.load(f)
     assert d["seed"] == 7 and d["tasks"]["families"] == list(c.tasks.families)
     assert os.listdir(tmp_path) == ["config.json"]
+
+
+def test_console_flags_quiet_library_logging_and_set_the_progress_mode(monkeypatch):
+    from absl import flags, logging
+
+    from terminal_rsi import progress
+
+    run_py = _load_run_module()
+    monkeypatch.setenv(progress.ENV, "auto")  # restored afterwards
+    config = f"--config={ROOT}/configs/credit_diagnostic.py"
+    try:
+        run_py._parse_flags(["run.py", config, "--progress=never"])
+        assert logging.get_verbosity() == logging.WARNING  # absl's app.run would say INFO
+        assert os.environ[progress.ENV] == "never"
+        flags.FLAGS["verbosity"].unparse()
+        run_py._parse_flags(["run.py", config, "--verbosity=0"])
+        assert logging.get_verbosity() == logging.INFO  # asked for: kept
+    finally:  # flag values outlive the call in this process
+        flags.FLAGS["verbosity"].unparse()
+        flags.FLAGS["progress"].unparse()
