@@ -24,6 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from terminal_rsi import ppo_step as ps  # noqa: E402
+from terminal_rsi.forward import make_logprob_fn  # noqa: E402
 from terminal_rsi.losses import PPOConfig  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM, ValueModel  # noqa: E402
@@ -72,7 +73,7 @@ def main():
     critic = create_train_state(ValueModel, cfg, OptimizerConfig(1.5e-5, grad_clip=100.0),
                                 seed=1)
     batch = make_batch(cfg, args.batch, args.seq)
-    batch["old_logprobs"] = ps.make_logprob_fn(args.microbatches)(actor, batch)
+    batch["old_logprobs"] = make_logprob_fn(args.microbatches)(actor, batch)
     m = args.microbatches
 
     lm_step = make_update_step(lm_loss, actor, donate=False)

@@ -94,16 +94,16 @@ def parse_error_rows(args, policy):
     the packed batch (the update's per-token cost scales the same way)."""
     from timing import best_of
 
-    from terminal_rsi import ppo_step as ps
     from terminal_rsi import sharding as shd
     from terminal_rsi.agent import pack_trajectories
+    from terminal_rsi.forward import make_value_fn
     from terminal_rsi.models.transformer import ValueModel
     from terminal_rsi.train_state import OptimizerConfig, create_train_state
 
     cfg = get_model_config("tiny")
     critic = create_train_state(ValueModel, cfg, OptimizerConfig(1e-3), shd.make_mesh({}),
                                 seed=1)
-    value_fn = ps.make_value_fn()
+    value_fn = make_value_fn()
     buckets = Buckets(prefill_chunk=128, cache_multiple=128)
     rows = []
     for limit in (None, 1):

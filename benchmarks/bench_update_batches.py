@@ -4,9 +4,9 @@ the packed width, on the row-length mix of the tiny default's rollouts.
 One RPR update of a packed batch = π_old and pre-update values (forward passes) + one epoch
 of `--minibatches` critic and actor steps. Baseline: random minibatches, every row at the
 packed width (the longest row rounded up to `--multiple`). Measured: the phase's
-length-grouped minibatches, each cut to its own longest row (`_minibatch_rows`, `_take`,
-`_grouped_forward`). Both use the same jitted functions; every width is compiled before
-timing, and the two variants are timed interleaved (median of `--repeats`).
+length-grouped minibatches, each cut to its own longest row (`minibatch_rows`, `take_rows`,
+`grouped_forward` in terminal_rsi.rpr.update). Both use the same jitted functions; every
+width is compiled before timing, and the two variants are timed interleaved (median of `--repeats`).
 
 The default length mix is the one measured on the tiny default (rpr1_fdr, T = 0.6, batch 16):
 single-turn episodes of about 250–400 tokens and multi-turn ones of 1400–2048.
@@ -28,14 +28,15 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from terminal_rsi import ppo_step as ps  # noqa: E402
+from terminal_rsi.forward import make_logprob_fn, make_value_fn  # noqa: E402
 from terminal_rsi.losses import PPOConfig  # noqa: E402
 from terminal_rsi.models.config import ModelConfig  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM, ValueModel  # noqa: E402
-from terminal_rsi.rpr.phase import (  # noqa: E402
-    _grouped_forward,
-    _minibatch_rows,
-    _row_widths,
-    _take,
+from terminal_rsi.rpr.update import (  # noqa: E402
+    grouped_forward,
+    minibatch_rows,
+    row_widths,
+    take_rows,
 )
 from terminal_rsi.train_state import OptimizerConfig, create_train_state  # noqa: E402
 
@@ -78,22 +79,22 @@ def main():
     actor = create_train_state(DecoderLM, TINY, OptimizerConfig(5e-4, grad_clip=1.0))
     critic = create_train_state(ValueModel, TINY, OptimizerConfig(1e-3, grad_clip=100.0),
                                 seed=1)
-    lp_fn, v_fn = ps.make_logprob_fn(), ps.make_value_fn()
+    lp_fn, v_fn = make_logprob_fn(), make_value_fn()
     cfg = PPOConfig()
     actor_step = ps.make_actor_step(cfg, 1, donate=False)
     critic_step = ps.make_critic_step(cfg, 1, donate=False)
     n = args.minibatches
 
     def update(grouped: bool, seed: int):
-        widths = (_row_widths(raw["segment_ids"], args.multiple) if grouped
+        widths = (row_widths(raw["segment_ids"], args.multiple) if grouped
                   else np.full(len(lengths), width))
-        groups = _minibatch_rows(widths, n, np.random.default_rng(seed), grouped)
+        groups = minibatch_rows(widths, n, np.random.default_rng(seed), grouped)
         batch = dict(raw)
-        batch["old_logprobs"] = _grouped_forward(lp_fn, groups, widths)(actor, batch)
-        batch["old_values"] = _grouped_forward(v_fn, groups, widths)(critic, batch)
+        batch["old_logprobs"] = grouped_forward(lp_fn, groups, widths)(actor, batch)
+        batch["old_values"] = grouped_forward(v_fn, groups, widths)(critic, batch)
         out = []
-        for rows in _minibatch_rows(widths, n, np.random.default_rng(seed + 1), grouped):
-            mb = _take(batch, rows, int(widths[rows].max()))
+        for rows in minibatch_rows(widths, n, np.random.default_rng(seed + 1), grouped):
+            mb = take_rows(batch, rows, int(widths[rows].max()))
             out.append(critic_step(critic, mb))
             out.append(actor_step(actor, mb))
         jax.block_until_ready(out)
@@ -113,7 +114,7 @@ def main():
           f"{args.minibatches} minibatches, median of {args.repeats}")
     print("| update | padded positions | ms | ratio to random minibatches |")
     print("|---|---|---|---|")
-    widths = _row_widths(raw["segment_ids"], args.multiple)
+    widths = row_widths(raw["segment_ids"], args.multiple)
     grouped_pos = sum(int(widths[g].max()) * len(g) for g in np.split(np.argsort(widths), n))
     print(f"| random minibatches, full width | {len(lengths) * width} | {full * 1e3:.0f} | 1.00 |")
     print(f"| length-grouped, cut to own width | {grouped_pos} | {cut * 1e3:.0f} | "

@@ -6,16 +6,10 @@ export dir, or a random init of the tiny model.
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
+
+from terminal_rsi.configuration import config_dict
+from terminal_rsi.pipeline.base_weights import BaseWeightsConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.experiment = "base_weights"
-    c.seed = 0
-    c.model = ml_collections.ConfigDict({"preset": "tiny", "gguf": placeholder(str)})
-    for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-              "max_seq_len"):
-        c.model[k] = placeholder(int)
-    c.init = ml_collections.ConfigDict({"actor_weights": placeholder(str)})
-    return c
+    return config_dict(BaseWeightsConfig, "base_weights")  # terminal_rsi/pipeline/base_weights.py

@@ -15,35 +15,14 @@ e.g. `--config.stages.rpr1_fdr.num_steps=16`). Sizes: `--config.scale=default|ci
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
 
-from terminal_rsi.pipeline.runner import stage_override_template
-
-STAGE_NAMES = ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_fdr", "rpr2_spr")
+from terminal_rsi.configuration import config_dict
+from terminal_rsi.pipeline.config import STAGE_NAMES, PipelineConfig
+from terminal_rsi.pipeline.resolve import stage_override_template
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.experiment = "pipeline"
-    c.seed = 0
-    c.model = "tiny"
-    c.model_dims = ml_collections.ConfigDict()
-    for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-              "max_seq_len"):
-        c.model_dims[k] = placeholder(int)
-    c.scale = "default"
-    c.tasks = ml_collections.ConfigDict({
-        "suite": "builtin", "families": placeholder(tuple), "n_per_family": placeholder(int),
-        "backend": "local", "allow_plain_sandbox": "builtin"})
-    c.harness = ml_collections.ConfigDict({
-        "max_turns": placeholder(int), "max_output_tokens": placeholder(int),
-        "max_input_tokens": placeholder(int), "max_parse_errors": placeholder(int)})
-    c.eval = ml_collections.ConfigDict({
-        "k": 3, "n_per_family": placeholder(int), "heldout_families": placeholder(tuple),
-        "concurrency": placeholder(int), "temperature": 0.6, "top_p": 0.95})
-    c.pipeline = ml_collections.ConfigDict({
-        "targets": ("rpr2_spr",), "base": "auto", "bypass": (), "rpr2_lr_divisor": 5.0,
-        "critic_warmup_steps": 4, "divisor_samples": 32})
+    c = config_dict(PipelineConfig, "pipeline")  # the defaults, terminal_rsi/pipeline/config.py
     # per-stage overrides: every field of every stage config, None (the stage config / scale
     # decides) until set, e.g. --config.stages.rsr1.sft.steps=10
     c.stages = stage_override_template(STAGE_NAMES)

@@ -13,38 +13,17 @@ fresh executions per runbook. Model, harness and tasks match configs/base_sft.py
 """
 
 import ml_collections
-from ml_collections import config_dict
 
 from configs.base_sft import get_config as base_config
+from terminal_rsi.configuration import config_dict
+from terminal_rsi.rsr.config import RSRConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
-    b = base_config()
-    c = ml_collections.ConfigDict()
-    c.experiment = "rsr"
-    c.seed = 0
-    c.model = b.model
-    c.init = ml_collections.ConfigDict({  # placeholders: settable from the command line
-        "actor_weights": config_dict.placeholder(str),
-        "critic_weights": config_dict.placeholder(str)})
-    c.tasks = b.tasks
+    b = base_config()  # the base's model, task pool, target harness and sampler
+    c = config_dict(RSRConfig, "rsr")  # the defaults, terminal_rsi/rsr/config.py
+    for section in ("model", "tasks", "harness", "rollout"):
+        for k in c[section]:
+            c[section][k] = b[section][k]
     c.tasks.n_per_family = 4
-    del c.tasks["eval_split"], c.tasks["eval_n_per_family"]  # the pipeline evaluates stages
-    c.harness = b.harness
-    c.rollout = b.rollout
-    c.discovery = ml_collections.ConfigDict({
-        "harnesses": ("hot", "external"),
-        "hints": ("Read the files the task names before you act.",
-                  "Write outputs exactly where the task asks."),
-        "hot_temperature": 1.3, "hot_samples": 2, "long_factor": 2, "max_per_task": 1})
-    c.planner = ml_collections.ConfigDict({
-        "kind": "digest", "k": 4, "max_tokens": 384, "temperature": 1.0})
-    c.execution = ml_collections.ConfigDict({"m": 4, "instruction": config_dict.placeholder(str)})
-    c.sft = ml_collections.ConfigDict({
-        "steps": 60, "epochs": config_dict.placeholder(float), "batch_size": 8,
-        "num_microbatches": 1, "aggregation": "sequence_sum", "rehearsal_samples": 0})
-    c.actor_opt = ml_collections.ConfigDict({
-        "learning_rate": 5e-4, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 0,
-        "schedule": "constant", "end_lr_ratio": 0.1})
-    c.eval = ml_collections.ConfigDict({"rewritten": True, "temperature": 0.0})
     return c

@@ -29,8 +29,9 @@ from terminal_rsi.atomic import atomic_write_text  # noqa: E402
 from terminal_rsi.configuration import (  # noqa: E402
     ConfigError,
     unknown_override_message,
-    validate_config,
 )
+from terminal_rsi.models.source import check_model_source  # noqa: E402
+from terminal_rsi.settings import SettingError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file under configs/ (ml_collections).", lock_config=True
@@ -63,11 +64,9 @@ def main(argv: list[str]) -> None:
         if experiment_name is None:
             raise ConfigError("config.experiment is missing; the config must name its experiment")
         experiment = registry.get_experiment(experiment_name)
-        validate_config(config, experiment.SCHEMA)
-        from terminal_rsi.models.loading import check_model_source
-
+        checked = experiment.check(config)  # a typed config, built from the ConfigDict
         check_model_source(config)  # config.model.gguf names a model that exists
-    except ConfigError as e:
+    except SettingError as e:  # ConfigError, or a setting a library check refused
         _fail(str(e))
     if "distributed" in config or os.environ.get("TERMINAL_RSI_DISTRIBUTED"):  # multi-host
         from terminal_rsi import sharding
@@ -80,7 +79,7 @@ def main(argv: list[str]) -> None:
     cache = compile_cache.enable()  # $TERMINAL_RSI_COMPILATION_CACHE=off disables it
     logging.info("JAX compilation cache: %s", cache or "off")
     logging.info("running %s in %s", experiment_name, workdir)
-    experiment.run(config, workdir)
+    experiment.run(checked, workdir)
 
 
 def write_config(config, workdir: str) -> str:

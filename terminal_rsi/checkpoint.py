@@ -63,7 +63,8 @@ def _abstract(tree):
     return jax.tree.map(f, tree)
 
 
-def _state_tree(state: TrainState) -> dict:
+def state_tree(state: TrainState) -> dict:
+    """The saved part of a train state: {"step", "params", "opt_state"}."""
     return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
 
 
@@ -84,7 +85,7 @@ class RunCheckpointer:
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
                  save_interval_steps: int = 1, async_save: bool = False):
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # heavy (~1 s, pulls in tensorstore): on first use
 
         self._ocp = ocp
         options = ocp.CheckpointManagerOptions(
@@ -104,8 +105,8 @@ class RunCheckpointer:
         meta = {"step": int(step), "policy_version": int(policy_version),
                 "data_position": int(data_position), "rng_impls": rng_impls,
                 "extra": dict(extra or {})}
-        items = {"actor": ocp.args.StandardSave(_state_tree(actor)),
-                 "critic": ocp.args.StandardSave(_state_tree(critic)),
+        items = {"actor": ocp.args.StandardSave(state_tree(actor)),
+                 "critic": ocp.args.StandardSave(state_tree(critic)),
                  "meta": ocp.args.JsonSave(meta)}
         if rng_data:  # orbax rejects empty items
             items["rngs"] = ocp.args.StandardSave(rng_data)
@@ -127,8 +128,8 @@ class RunCheckpointer:
         meta = self._manager.restore(step, args=ocp.args.Composite(
             meta=ocp.args.JsonRestore()))["meta"]
         impls = meta["rng_impls"]
-        items = {"actor": ocp.args.StandardRestore(_abstract(_state_tree(actor))),
-                 "critic": ocp.args.StandardRestore(_abstract(_state_tree(critic)))}
+        items = {"actor": ocp.args.StandardRestore(_abstract(state_tree(actor))),
+                 "critic": ocp.args.StandardRestore(_abstract(state_tree(critic)))}
         if impls:
             target = None if rngs is None else _abstract(_rng_split(rngs)[0])
             items["rngs"] = ocp.args.StandardRestore(target)
@@ -178,7 +179,7 @@ def export_weights(directory: str | os.PathLike, role: str, params: Any, *,
 
     No optimizer or PRNG state. `force=True` replaces an existing export. Returns the path.
     """
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # heavy (~1 s, pulls in tensorstore): on first use
 
     if role not in ROLES:
         raise CheckpointError(f"role {role!r}; use one of {ROLES}")
@@ -192,7 +193,7 @@ def export_weights(directory: str | os.PathLike, role: str, params: Any, *,
 def import_weights(directory: str | os.PathLike, role: str, target: Any) -> Any:
     """Read `<directory>/<role>` into the structure, dtypes and shardings of `target`
     (params or abstract params, e.g. `state.params` of a freshly created TrainState)."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # heavy (~1 s, pulls in tensorstore): on first use
 
     path = os.path.join(os.path.abspath(os.fspath(directory)), role)
     if not os.path.isdir(path):

@@ -6,9 +6,10 @@
 
 For every `configs/*.py` (sorted by name): the config file's docstring summary, its
 experiment (`config.experiment`, looked up in terminal_rsi/registry.py) and one row per
-schema field with the default from the config file, the allowed values (`Field.describe()`)
-and the meaning (`Field.doc`). A config leaf missing from the schema (or the reverse) is an
-error here too, so the reference cannot describe an invalid config. The shared schema pieces
+schema field with the default from the config file, the allowed values (`Setting.describe()`)
+and the meaning (`Setting.doc`; the schemas derive from the typed configs). A config leaf
+missing from the schema (or the reverse) is an error here too, so the reference cannot
+describe an invalid config. The shared schema pieces
 (BASE_SCHEMA, EPISODE_SCHEMA, DISTRIBUTED_SCHEMA) are listed once at the end.
 """
 
@@ -22,6 +23,10 @@ import os
 import sys
 from collections.abc import Mapping
 
+from terminal_rsi import configuration, registry
+from terminal_rsi.atomic import atomic_write_text
+from terminal_rsi.configuration import flatten
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_PATH = os.path.join(REPO, "docs", "configs.md")
 COMMAND = "python -m terminal_rsi.configdoc"
@@ -31,9 +36,11 @@ class ConfigDocError(ValueError):
     """A config file cannot be documented (no get_config, unknown experiment, schema drift)."""
 
 
-def _fmt(value) -> str:
+def format_value(value) -> str:
+    """A default as the reference shows it (repr; tuples and lists element-wise; paths
+    under the checkout relative to it)."""
     if isinstance(value, tuple | list):
-        inner = ", ".join(_fmt(v) for v in value)
+        inner = ", ".join(format_value(v) for v in value)
         return f"({inner},)" if isinstance(value, tuple) and len(value) == 1 else (
             f"({inner})" if isinstance(value, tuple) else f"[{inner}]")
     if isinstance(value, str) and os.path.isabs(value) and value.startswith(REPO + os.sep):
@@ -43,7 +50,8 @@ def _fmt(value) -> str:
     return repr(value)
 
 
-def _cell(text: str) -> str:
+def table_cell(text: str) -> str:
+    """`text` made safe for one Markdown table cell (pipes escaped, newlines as spaces)."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
@@ -82,23 +90,20 @@ def _schema_table(schema: Mapping, defaults: Mapping | None) -> list[str]:
     for path in _rows(schema, defaults):
         if path in members:
             first = members[path][0]
-            f, default = schema[first], _fmt(defaults[first])
+            f, default = schema[first], format_value(defaults[first])
             doc = f"{f.doc}; {len(members[path])} fields, all unset by default"
         else:
-            f, default, doc = schema[path], _fmt(defaults[path]) if defaults else "", None
+            f, default, doc = schema[path], format_value(defaults[path]) if defaults else "", None
         cells = [f"`{path}`"]
         if defaults is not None:
-            cells.append(f"`{_cell(default)}`")
-        cells += [_cell(f.describe()), _cell(doc or f.doc)]
+            cells.append(f"`{table_cell(default)}`")
+        cells += [table_cell(f.describe()), table_cell(doc or f.doc)]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
 
 def generate(repo: str = REPO) -> str:
     """The full text of docs/configs.md."""
-    from terminal_rsi import configuration, registry
-    from terminal_rsi.configuration import flatten
-
     if repo not in sys.path:  # config files may import each other (`from configs.x import`)
         sys.path.insert(0, repo)
 
@@ -165,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{args.output} is up to date")
         return 0
-    from terminal_rsi.atomic import atomic_write_text
-
     atomic_write_text(args.output, text)
     print(f"wrote {args.output}")
     return 0

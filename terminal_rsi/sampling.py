@@ -88,7 +88,7 @@ from flax import nnx
 
 from terminal_rsi.logprobs import logprob_gap_metric, token_logprobs  # noqa: F401 (re-export)
 from terminal_rsi.models.config import ModelConfig
-from terminal_rsi.models.transformer import _MASK_VALUE, Cache, init_cache, rotary_angles
+from terminal_rsi.models.transformer import MASK_VALUE, Cache, init_cache, rotary_angles
 
 __all__ = ["Buckets", "SampleOutput", "Sampler", "SamplerState", "SamplingError", "StopReason",
            "logprob_gap_metric", "sample_tokens", "sampling_logits", "token_logprobs"]
@@ -352,7 +352,7 @@ class Sampler:
                     jnp.einsum("bkgd,bkds->bkgs", qg, ck, preferred_element_type=jnp.float32),
                     jnp.einsum("bkgd,bskd->bkgs", qg, bk.astype(q.dtype),
                                preferred_element_type=jnp.float32)], axis=-1) * hd ** -0.5
-                scores = jnp.where(mask[:, None, None, :], scores, _MASK_VALUE)
+                scores = jnp.where(mask[:, None, None, :], scores, MASK_VALUE)
                 probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
                 out = (jnp.einsum("bkgs,bksd->bkgd", probs[..., :s_len], cv)
                        + jnp.einsum("bkgs,bskd->bkgd", probs[..., s_len:], bv.astype(q.dtype)))

@@ -14,7 +14,7 @@ from terminal_rsi.configuration import (
     EPISODE_SCHEMA,
     SANDBOX_SCHEMA,
     ConfigError,
-    Field,
+    Setting,
     sandbox_backend_problem,
     validate_config,
 )
@@ -22,11 +22,11 @@ from terminal_rsi.configuration import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = {
     **BASE_SCHEMA,
-    "model.name": Field(str, "preset", choices=("tiny", "big")),
-    "model.layers": Field(int, "depth", lo=1, hi=64),
-    "lr": Field(float, "learning rate", lo=0.0),
-    "seeds": Field(tuple, "seeds", item_type=int),
-    "note": Field(str, "free text", optional=True),
+    "model.name": Setting(str, "preset", choices=("tiny", "big")),
+    "model.layers": Setting(int, "depth", lo=1, hi=64),
+    "lr": Setting(float, "learning rate", lo=0.0),
+    "seeds": Setting(tuple, "seeds", item_type=int),
+    "note": Setting(str, "free text", optional=True),
 }
 
 
@@ -96,7 +96,7 @@ def test_every_schema_with_a_backend_shares_one_definition():
         schema = registry.get_experiment(name).SCHEMA
         if "tasks.backend" in schema:
             for key, field in SANDBOX_SCHEMA.items():
-                assert schema[key] is field, (name, key)
+                assert schema[key] == field, (name, key)
     assert EPISODE_SCHEMA["tasks.allow_plain_sandbox"].choices == ("never", "builtin", "always")
 
 
@@ -194,7 +194,7 @@ def test_run_py_runs_the_diagnostic(tmp_path):
 
 def test_the_pipeline_passes_the_sandbox_settings_to_every_stage(tmp_path):
     from configs.rpr2_spr import get_config
-    from terminal_rsi.pipeline.experiment import SCHEMA, resolved
+    from terminal_rsi.pipeline.config import SCHEMA, resolved
     from terminal_rsi.pipeline.runner import Pipeline
 
     c = get_config()

@@ -11,6 +11,7 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from terminal_rsi import memory_plan as mp
 from terminal_rsi import sharding as shd
 from terminal_rsi.models.config import ModelConfig, get_model_config
 
@@ -64,7 +65,7 @@ def test_logical_to_spec_rules():
 def test_memory_plan_matches_hand_count():
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                       head_dim=8, d_ff=48)
-    plan = shd.memory_plan(cfg, {"data": 2, "fsdp": 2, "tensor": 2})
+    plan = mp.memory_plan(cfg, {"data": 2, "fsdp": 2, "tensor": 2})
     # Every matrix is split over fsdp x tensor (all dims divide), norms are replicated.
     d, f, v = 32, 48, 64
     matrices = v * d * 2 + cfg.n_layers * (d * 32 + 2 * d * 16 + 32 * d + 3 * d * f)
@@ -72,11 +73,11 @@ def test_memory_plan_matches_hand_count():
     assert plan["num_params"] == cfg.num_params()
     assert plan["params_bytes"] == 4 * (matrices // 4 + norms)
     assert plan["opt_bytes"] == 2 * plan["params_bytes"] + 4  # mu, nu + int32 count
-    big = shd.memory_plan(get_model_config("qwen3_27b_class"), {"fsdp": 64, "tensor": 4})
+    big = mp.memory_plan(get_model_config("qwen3_27b_class"), {"fsdp": 64, "tensor": 4})
     n = get_model_config("qwen3_27b_class").num_params()
     assert big["num_params"] == n
     assert n * 4 / 256 <= big["params_bytes"] <= n * 4 / 256 * 1.01
-    text = shd.format_memory_plan(big)
+    text = mp.format_memory_plan(big)
     assert "optimizer (AdamW mu, nu) per device" in text and "fsdp=64" in text
     assert "['layers'][*]" in text  # layers folded into one row per tensor
 
@@ -122,11 +123,12 @@ def test_distributed_config_section_validates():
         BASE_SCHEMA,
         DISTRIBUTED_SCHEMA,
         ConfigError,
+        distributed_config,
         validate_config,
     )
 
     cfg = ml_collections.ConfigDict({"experiment": "x", "seed": 0,
-                                     "distributed": shd.distributed_config()})
+                                     "distributed": distributed_config()})
     validate_config(cfg, {**BASE_SCHEMA, **DISTRIBUTED_SCHEMA})
     assert not shd.maybe_initialize_distributed(cfg)
     cfg.distributed.num_processes = 0

@@ -10,7 +10,9 @@ the context as sampled, never re-tokenized), the reply is parsed as a JSON actio
 (`terminal_rsi.agent.actions`), its commands run in the sandbox, and the capped
 observation is appended as an observation message (linear history). The episode ends when
 the agent declares completion or a budget is hit; the protected verifier then runs
-(`terminal_rsi.tasks.verify`) and the reward is computed (`terminal_rsi.rewards`).
+(`terminal_rsi.tasks.verify`) and its report is recorded (`Trajectory.report`, S, P, N). The
+harness does not score: the stage that owns the frozen divisors applies its reward
+(`terminal_rsi.rewards.scoring.EpisodeScorer`, e.g. through `RolloutScheduler(scorer=...)`).
 
 Budgets: `max_output_tokens` per turn, `max_input_tokens` per call (a prompt that would
 exceed it ends the episode with `context_overflow`, as does the sampler reaching the
@@ -28,13 +30,13 @@ jitted KV-cache sampler), `ScriptedPolicy` (fixed texts, for tests) and `Referen
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import jax
 import numpy as np
 
 from terminal_rsi.agent.actions import (
@@ -47,7 +49,10 @@ from terminal_rsi.agent.actions import (
     parse_action,
 )
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
-from terminal_rsi.sandbox import BadRequest, SandboxError
+from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
+from terminal_rsi.tasks.spec import EnvironmentUnavailable
+from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
+from terminal_rsi.tasks.verify import verify as verify_task
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent working in a Linux shell. Solve the task by running "
@@ -89,7 +94,6 @@ class HarnessConfig:
       costs ~480 tokens of rollout and update compute (docs/pipeline.md).
     max_command_timeout_s: cap on any command's timeout.
     observation_role: chat role of observation messages.
-    reward_fn: "binary", "fdr" or "spr"; divisors: a FamilyDivisors (None: defaults).
     verify_backend: backend of the verifier sandbox.
     private_guidance: text appended to the first prompt of every segment as a separate
       user message after the public task (RSR fresh execution, `terminal_rsi.rsr.guidance`);
@@ -113,8 +117,6 @@ class HarnessConfig:
     max_parse_errors: int | None = None
     max_command_timeout_s: float = 120.0
     observation_role: str = "observation"
-    reward_fn: str = "fdr"
-    divisors: Any = None
     verify_backend: str = "local"
     private_guidance: str = ""
 
@@ -150,7 +152,7 @@ class HarnessConfig:
 # _NULLABLE ones, where it means off / the task's)
 CONFIG_FIELDS = ("name", "max_turns", "max_output_tokens", "max_input_tokens",
                  "summarize_threshold", "agent_timeout_s", "max_observation_chars",
-                 "max_parse_errors", "reward_fn")
+                 "max_parse_errors")
 _NULLABLE = ("summarize_threshold", "agent_timeout_s", "max_parse_errors")
 
 
@@ -192,8 +194,6 @@ class SamplerPolicy:
     """
 
     def __init__(self, sampler, params, tokenizer, *, seed: int = 0, version: int = 0):
-        import jax
-
         self.sampler = sampler
         self.tokenizer = tokenizer
         self._params = params
@@ -211,8 +211,6 @@ class SamplerPolicy:
             self._params, self.version = params, int(version)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
-        import jax
-
         outs: list[GenerationOutput | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
@@ -335,8 +333,6 @@ def _record_public_prompt(tok, task, harness, traj, segment: int, summary=None) 
 
 
 def default_sandbox_factory(task):
-    from terminal_rsi.tasks import open_task_sandbox
-
     return open_task_sandbox(task, "local")
 
 
@@ -348,10 +344,6 @@ def pool_sandbox_factory(pool, timeout: float | None = None):
     open those with `open_task_sandbox(task, "docker")` instead."""
 
     def factory(task):
-        from terminal_rsi.sandbox import SandboxSpec
-        from terminal_rsi.tasks import EnvironmentUnavailable
-        from terminal_rsi.tasks.verify import seed_files
-
         env = task.environment
         if env.image or env.dockerfile or env.compose_file:
             raise EnvironmentUnavailable(
@@ -389,7 +381,7 @@ def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | No
                   else getattr(policy, "version", 0))
     traj = Trajectory(task_id=task.id, family=task.family, harness=harness.name,
                       policy_version=version, episode_id=uuid.uuid4().hex[:12],
-                      reward_fn=harness.reward_fn, timings=timings)
+                      timings=timings)
     # the harness's clock, when set, replaces the task's (e.g. a slow CPU model evaluated on
     # tasks timed for an accelerator, configs/eval_smollm2.py); None: the task's
     budget = task.agent_timeout_s if harness.agent_timeout_s is None else harness.agent_timeout_s
@@ -411,7 +403,7 @@ def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | No
         reason = _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled)
         traj.terminal_reason = reason
         if reason != TerminalReason.INFRASTRUCTURE_ERROR and verify:
-            _verify_and_reward(task, sb, harness, traj, timings)
+            _verify(task, sb, harness, traj, timings)
     finally:
         try:
             sb.close()
@@ -475,41 +467,17 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
         new_prompt = []
         if out.stop_reason == "context":
             return TerminalReason.CONTEXT_OVERFLOW
-        text = safe_decode(tok, rec.sampled_ids)
-        try:
-            action = parse_action(text)
-        except ActionParseError as e:
-            rec.parse_error = str(e)
+        action, note = _parse_reply(safe_decode(tok, rec.sampled_ids), out.stop_reason,
+                                    harness, rec)
+        if action is None:
             parse_errors += 1
             if harness.max_parse_errors is not None and parse_errors >= harness.max_parse_errors:
                 return TerminalReason.PARSE_ERRORS
-            action, note = None, f"ERROR: could not parse your reply as an action: {e}"
-            if out.stop_reason == "length":
-                note += (f" (your reply was cut at the limit of {harness.max_output_tokens} "
-                         "tokens per turn: write shorter actions)")
-        else:
-            note = ""
         results = []
         if action is not None:
-            t0 = time.monotonic()
-            for cmd in action.commands:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                timeout = min(cmd.timeout, harness.max_command_timeout_s, remaining)
-                try:
-                    r = sb.exec(cmd.keystrokes, timeout=max(timeout, 0.1))
-                except BadRequest as e:
-                    # the sandbox refused this command (too long, a NUL...): the agent's
-                    # mistake, shown to it as the command's output; the episode goes on
-                    r = RejectedCommand(str(e))
-                    traj.meta["rejected_commands"] = traj.meta.get("rejected_commands", 0) + 1
-                except SandboxError as e:
-                    traj.error = f"sandbox exec: {type(e).__name__}: {e}"
-                    timings["exec_s"] += time.monotonic() - t0
-                    return TerminalReason.INFRASTRUCTURE_ERROR
-                results.append((dataclasses.replace(cmd, timeout=timeout), r))
-            timings["exec_s"] += time.monotonic() - t0
+            results = _run_commands(action, sb, harness, traj, deadline, timings)
+            if results is None:
+                return TerminalReason.INFRASTRUCTURE_ERROR
             if action.task_complete:
                 traj.declared_complete_turn = turn
                 return TerminalReason.DECLARED_COMPLETE
@@ -522,13 +490,52 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
     return TerminalReason.MAX_TURNS
 
 
-def _verify_and_reward(task, sb, harness, traj, timings) -> None:
-    from terminal_rsi.rewards import FamilyDivisors, get_reward_fn
-    from terminal_rsi.tasks import VerifierError, verify
+def _parse_reply(text: str, stop_reason: str, harness: HarnessConfig,
+                 rec: Turn) -> tuple[Action | None, str]:
+    """(the reply's action, "") or, when it does not parse, (None, the note the agent is shown);
+    a parse error is recorded on the turn."""
+    try:
+        return parse_action(text), ""
+    except ActionParseError as e:
+        rec.parse_error = str(e)
+        note = f"ERROR: could not parse your reply as an action: {e}"
+        if stop_reason == "length":
+            note += (f" (your reply was cut at the limit of {harness.max_output_tokens} "
+                     "tokens per turn: write shorter actions)")
+        return None, note
 
+
+def _run_commands(action: Action, sb, harness: HarnessConfig, traj: Trajectory,
+                  deadline: float, timings: dict) -> list | None:
+    """Run an action's commands while the episode's clock allows: [(command with the timeout
+    used, result)]; None when the sandbox failed (`traj.error` says how)."""
+    t0 = time.monotonic()
+    results = []
+    for cmd in action.commands:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        timeout = min(cmd.timeout, harness.max_command_timeout_s, remaining)
+        try:
+            r = sb.exec(cmd.keystrokes, timeout=max(timeout, 0.1))
+        except BadRequest as e:
+            # the sandbox refused this command (too long, a NUL...): the agent's
+            # mistake, shown to it as the command's output; the episode goes on
+            r = RejectedCommand(str(e))
+            traj.meta["rejected_commands"] = traj.meta.get("rejected_commands", 0) + 1
+        except SandboxError as e:
+            traj.error = f"sandbox exec: {type(e).__name__}: {e}"
+            timings["exec_s"] += time.monotonic() - t0
+            return None
+        results.append((dataclasses.replace(cmd, timeout=timeout), r))
+    timings["exec_s"] += time.monotonic() - t0
+    return results
+
+
+def _verify(task, sb, harness, traj, timings) -> None:
     t0 = time.monotonic()
     try:
-        res = verify(task, sb, backend=harness.verify_backend)
+        res = verify_task(task, sb, backend=harness.verify_backend)
     except VerifierError as e:
         traj.terminal_reason = TerminalReason.VERIFIER_ERROR
         traj.error = str(e)
@@ -547,6 +554,3 @@ def _verify_and_reward(task, sb, harness, traj, timings) -> None:
         traj.meta["checks"] = [{"name": str(t.get("name")), "status": str(t.get("status")),
                                 "hygiene": t.get("name") in hygiene}
                                for t in tests if isinstance(t, dict)]
-    divisors = harness.divisors if harness.divisors is not None else FamilyDivisors()
-    r = float(get_reward_fn(harness.reward_fn)(res.report, task.family, divisors))
-    traj.reward = r if math.isfinite(r) else 0.0

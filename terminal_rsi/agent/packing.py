@@ -19,6 +19,7 @@ import numpy as np
 
 from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory
 from terminal_rsi.credit import validate_tb_gae_inputs
+from terminal_rsi.sampling import Buckets, StopReason
 
 
 class PackingError(ValueError):
@@ -63,25 +64,12 @@ class PackedBatch:
     dropped: list[int]
 
 
-def pack_trajectories(trajectories: Sequence[Trajectory], *, buckets=None,
-                      max_len: int | None = None) -> PackedBatch:
-    """Pack trajectories into [B, L] arrays (see `PackedBatch`).
-
-    Args:
-      trajectories: finished episodes (each with a terminal reason).
-      buckets: `terminal_rsi.sampling.Buckets` for B (`batch`) and L (`cache`) rounding;
-        default `Buckets()`.
-      max_len: longest allowed row (PackingError if a segment is longer).
-
-    Invariants asserted: every row's arrays have equal length; rewards and dones only on
-    generated positions (`validate_tb_gae_inputs`); each keep_reward episode has exactly one
-    done and its reward on that position; no reward or done for cut-off rows.
-    """
-    if buckets is None:
-        from terminal_rsi.sampling import Buckets
-
-        buckets = Buckets()
-    rows = []  # (episode idx, segment idx, tokens, gen, tid, lp)
+def _segment_rows(trajectories: Sequence[Trajectory],
+                  max_len: int | None) -> tuple[list[tuple], list[int], list[int]]:
+    """(rows, kept, dropped): a row (kept-episode index, segment, tokens, generated mask,
+    turn ids, logprobs) per segment with generated tokens; an episode with no such segment
+    (or with training policy DROP) is dropped."""
+    rows = []
     kept, dropped = [], []
     for e, traj in enumerate(trajectories):
         pol = traj.training_policy
@@ -105,6 +93,26 @@ def pack_trajectories(trajectories: Sequence[Trajectory], *, buckets=None,
             dropped.append(e)
             continue
         kept.append(e)
+    return rows, kept, dropped
+
+
+def pack_trajectories(trajectories: Sequence[Trajectory], *, buckets=None,
+                      max_len: int | None = None) -> PackedBatch:
+    """Pack trajectories into [B, L] arrays (see `PackedBatch`).
+
+    Args:
+      trajectories: finished episodes (each with a terminal reason).
+      buckets: `terminal_rsi.sampling.Buckets` for B (`batch`) and L (`cache`) rounding;
+        default `Buckets()`.
+      max_len: longest allowed row (PackingError if a segment is longer).
+
+    Invariants asserted: every row's arrays have equal length; rewards and dones only on
+    generated positions (`validate_tb_gae_inputs`); each keep_reward episode has exactly one
+    done and its reward on that position; no reward or done for cut-off rows.
+    """
+    if buckets is None:
+        buckets = Buckets()
+    rows, kept, dropped = _segment_rows(trajectories, max_len)
     n = len(rows)
     b = buckets.batch(max(n, 1))
     width = buckets.cache(max((len(r[2]) for r in rows), default=1))
@@ -162,8 +170,6 @@ def malformed_mask(batch: PackedBatch, trajectories: Sequence[Trajectory]) -> np
     its tokens never receive a negative advantage, which otherwise, on a small model whose
     replies are mostly malformed, pushes the whole reply distribution toward noise.
     """
-    from terminal_rsi.sampling import StopReason
-
     cut_off = (StopReason.LENGTH.value, StopReason.CONTEXT.value)
     out = np.zeros(batch.gen_mask.shape, bool)
     for i in range(batch.num_rows):

@@ -1,7 +1,8 @@
 """Rollout scheduler: many concurrent episodes, generation batched across them (paper §3.1,
 Appendix A), oversampling, and a one-batch-ahead asynchronous mode.
 
-    sched = RolloutScheduler(policy, harness, sandbox_factory, SchedulerConfig(concurrency=16))
+    sched = RolloutScheduler(policy, harness, sandbox_factory, SchedulerConfig(concurrency=16),
+                             scorer=EpisodeScorer("fdr", divisors))   # the stage's reward
     result = sched.collect(tasks, batch_size=256)       # launches ceil(256 * 1.125) = 288
     result.trajectories   # the first 256 to finish;  result.stats: completion-time stats
 
@@ -169,11 +170,15 @@ class RolloutScheduler:
 
     def __init__(self, policy, harness: HarnessConfig | None = None,
                  sandbox_factory: Callable[[Any], Any] | None = None,
-                 config: SchedulerConfig | None = None):
+                 config: SchedulerConfig | None = None,
+                 scorer: Callable[[Trajectory], Any] | None = None):
         self.policy = policy
         self.harness = harness or HarnessConfig()
         self.sandbox_factory = sandbox_factory
         self.config = config or SchedulerConfig()
+        # the stage's reward of a finished episode (`rewards.scoring.EpisodeScorer`: FDR / SPR
+        # with its frozen divisors); None: episodes keep reward 0 (their report is recorded)
+        self.scorer = scorer
 
     def num_launch(self, batch_size: int) -> int:
         return int(math.ceil(batch_size * (1.0 + self.config.oversample) - 1e-9))
@@ -199,8 +204,11 @@ class RolloutScheduler:
                 raise EpisodeCancelled("cancelled before start")
             batcher.episode_started()
             try:
-                return run_episode(task, batcher, self.sandbox_factory, self.harness,
+                traj = run_episode(task, batcher, self.sandbox_factory, self.harness,
                                    policy_version=version, cancel=cancel)
+                if self.scorer is not None:
+                    self.scorer(traj)
+                return traj
             finally:
                 batcher.episode_finished()
                 finish[i] = time.monotonic() - t0

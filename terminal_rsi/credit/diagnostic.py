@@ -1,7 +1,7 @@
 """Component-level CPU diagnostic of TB-GAE (paper/component_review.md, "Local reproduction").
 
-For each seed: a chain of `num_generated` generated-token values over
-`num_turns` turns with one terminal reward on the last generated token, then
+For one seed: a chain of `num_generated` generated-token values over `num_turns` turns with
+one terminal reward on the last generated token, then
 
   * reference error: TB-GAE against the independent float64 double sum of Eq. 10;
   * insertion error: `num_observations` observation positions (junk values,
@@ -11,40 +11,24 @@ For each seed: a chain of `num_generated` generated-token values over
   * negative control: the same split with the carried trace A zeroed
     (value bootstrap kept), which must differ, by W_{j,b+1} A_{b+1} (Eq. 12).
 
-Writes `credit_diagnostic.json` to the workdir and prints a table of the
-maximum absolute errors per seed and method.
+`check_seed` measures one seed and method, `mean_over_seeds` averages the rows. The experiment
+"credit_diagnostic" (`terminal_rsi.experiments.credit_diagnostic`) runs them over its seeds
+and methods, prints the table and writes `credit_diagnostic.json`.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.configuration import BASE_SCHEMA, Field
 from terminal_rsi.credit.reference import tb_gae_double_sum
 from terminal_rsi.credit.turn_boundary_gae import tb_gae
 
 METHOD_NAMES = ("scan", "associative", "blocked")
-
-SCHEMA = {
-    **BASE_SCHEMA,
-    "seeds": Field(tuple, "seeds, one diagnostic chain each", item_type=int),
-    "num_generated": Field(int, "generated tokens per chain", lo=2),
-    "num_turns": Field(int, "turns the generated tokens are split into", lo=1),
-    "num_observations": Field(int, "observation positions inserted", lo=0),
-    "split_at": Field(int, "generated position where the chain is split into chunks", lo=1),
-    "gamma_turn": Field(float, "turn-boundary discount γ_turn", lo=0.0, hi=1.0),
-    "lambda_turn": Field(float, "turn-boundary trace decay λ_turn", lo=0.0, hi=1.0),
-    "terminal_reward": Field(float, "reward on the last generated token"),
-    "methods": Field(tuple, "TB-GAE methods to check", item_type=str),
-    "dtype": Field(str, "compute dtype", choices=("float64", "float32")),
-}
+ERRORS = ("reference_error", "insertion_error", "continuation_error", "negative_control_error")
 
 
 def make_chain(seed: int, num_generated: int, num_turns: int, terminal_reward: float):
@@ -76,11 +60,13 @@ def insert_observations(rng, rewards, values, turn_ids, dones, count):
     return r, v, t, gen, d
 
 
-def check_seed(seed: int, config: ml_collections.ConfigDict, method: str, dtype) -> dict:
-    rng, r0, v0, t0, d0 = make_chain(
-        seed, config.num_generated, config.num_turns, config.terminal_reward
-    )
-    gamma, lam = config.gamma_turn, config.lambda_turn
+def check_seed(seed: int, *, method: str, dtype, num_generated: int, num_turns: int,
+               num_observations: int, split_at: int, gamma_turn: float, lambda_turn: float,
+               terminal_reward: float) -> dict:
+    """The four errors (module doc) of one seed's chain under TB-GAE `method`, computed in
+    `dtype` (float64 needs `jax.enable_x64`): a row of the diagnostic's table."""
+    rng, r0, v0, t0, d0 = make_chain(seed, num_generated, num_turns, terminal_reward)
+    gamma, lam = gamma_turn, lambda_turn
     f = jax.jit(functools.partial(tb_gae, gamma_turn=gamma, lambda_turn=lam, method=method))
 
     def run(r, v, t, g, d, carry=None):
@@ -92,11 +78,11 @@ def check_seed(seed: int, config: ml_collections.ConfigDict, method: str, dtype)
     ones = np.ones(len(r0), bool)
     base_adv, _, _ = run(r0, v0, t0, ones, d0)
 
-    r, v, t, g, d = insert_observations(rng, r0, v0, t0, d0, config.num_observations)
+    r, v, t, g, d = insert_observations(rng, r0, v0, t0, d0, num_observations)
     adv, ret, _ = run(r, v, t, g, d)
     ref_adv, ref_ret = tb_gae_double_sum(r[None], v[None], t[None], g[None], d[None], gamma, lam)
     u = np.flatnonzero(g)
-    b = u[config.split_at]  # flat position of the first generated token of the tail chunk
+    b = u[split_at]  # flat position of the first generated token of the tail chunk
     # Chunks are padded back to the full length with non-generated positions (passed through
     # by the recursion) so every seed and chunk reuses one compiled shape.
     n = len(r)
@@ -124,44 +110,10 @@ def check_seed(seed: int, config: ml_collections.ConfigDict, method: str, dtype)
     }
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    if config.num_turns > config.num_generated:
-        raise ValueError("config.num_turns must be <= config.num_generated")
-    if config.split_at >= config.num_generated:
-        raise ValueError("config.split_at must be < config.num_generated")
-    bad = [m for m in config.methods if m not in METHOD_NAMES]
-    if bad:
-        raise ValueError(f"config.methods has unknown {bad}; choose from {METHOD_NAMES}")
-    rows = []
-    with jax.enable_x64(config.dtype == "float64"):
-        dtype = np.float64 if config.dtype == "float64" else np.float32
-        for method in config.methods:
-            for seed in config.seeds:
-                rows.append(check_seed(seed, config, method, dtype))
-    summary = {}
-    for method in config.methods:
+def mean_over_seeds(rows: list[dict], methods: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """{method: {error name: mean over that method's rows}} of `check_seed` rows."""
+    out = {}
+    for method in methods:
         mine = [row for row in rows if row["method"] == method]
-        summary[method] = {
-            key: float(np.mean([row[key] for row in mine]))
-            for key in ("reference_error", "insertion_error", "continuation_error",
-                        "negative_control_error")
-        }
-    artifact = {"config": config.to_dict(), "rows": rows, "mean_over_seeds": summary}
-    path = os.path.join(workdir, "credit_diagnostic.json")
-    atomic_write_json(path, artifact)
-    print(format_table(rows))
-    print(f"wrote {path}")
-    return artifact
-
-
-def format_table(rows: list[dict]) -> str:
-    header = (f"{'method':<12} {'seed':>4} {'vs double sum':>14} {'insertion':>10} "
-              f"{'continuation':>13} {'zeroed trace (neg. control)':>28}")
-    lines = [header, "-" * len(header)]
-    for row in rows:
-        lines.append(
-            f"{row['method']:<12} {row['seed']:>4} {row['reference_error']:>14.3e} "
-            f"{row['insertion_error']:>10.3e} {row['continuation_error']:>13.3e} "
-            f"{row['negative_control_error']:>28.6f}"
-        )
-    return "\n".join(lines)
+        out[method] = {key: float(np.mean([row[key] for row in mine])) for key in ERRORS}
+    return out

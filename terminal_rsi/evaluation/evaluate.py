@@ -33,53 +33,48 @@ import sys
 import time
 from typing import Any
 
-import ml_collections
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from terminal_rsi import sharding as shd
+from terminal_rsi.advantages import compute_advantages
+from terminal_rsi.agent import (
+    HarnessConfig,
+    RolloutScheduler,
+    SamplerPolicy,
+    SchedulerConfig,
+    pack_trajectories,
+    write_shard,
+)
+from terminal_rsi.alignment import trained_mask
 from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
+from terminal_rsi.checkpoint import import_weights
+from terminal_rsi.evaluation.config import EvalConfig
+from terminal_rsi.evaluation.metrics import explained_variance
+from terminal_rsi.evaluation.strata import StrataTable, fit_strata
+from terminal_rsi.evaluation.summary import summarize_suite
+from terminal_rsi.forward import critic_values
 from terminal_rsi.models.loading import (  # noqa: F401  (re-exported for callers)
     MODEL_FIELDS,
-    MODEL_SCHEMA,
     LoadedModel,
     load_model,
     model_config,
     smollm2_gguf_path,
 )
+from terminal_rsi.models.transformer import ValueModel
 from terminal_rsi.progress import echo
+from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
+from terminal_rsi.sampling import Buckets, Sampler
+from terminal_rsi.tasks import get_suite, open_task_sandbox
 
 SUITES = ("heldout_instances", "heldout_families")
 SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
                 "all": "all"}
 
-SCHEMA = {
-    **BASE_SCHEMA,
-    **EPISODE_SCHEMA,
-    **MODEL_SCHEMA,
-    "init.actor_weights": Field(str, "export dir with actor weights (None: model.gguf's "
-                                "weights, or a random init)", optional=True),
-    "init.critic_weights": Field(str, "export dir with critic weights (None: no EV)",
-                                 optional=True),
-    "tasks.suites": Field(tuple, "suites to evaluate: heldout_instances, heldout_families "
-                          "(built-in) or all (a task directory)", item_type=str),
-    "tasks.heldout_families": Field(tuple, "held-out families (empty: all of them)",
-                                    item_type=str),
-    "harness.temperature": Field(float, "sampling temperature (paper: 0.6)", lo=0.0),
-    "harness.top_p": Field(float, "nucleus sampling (paper: 0.95)", lo=0.0, hi=1.0),
-    "harness.system_prompt": Field(str, "system prompt (None: the harness default); must match "
-                                   "the one the weights were trained under", optional=True),
-    "eval.k": Field(int, "independent runs per task (Mean@k)", lo=1),
-    "eval.concurrency": Field(int, "episodes in flight", lo=1),
-    "eval.strata_path": Field(str, "frozen strata JSON (None: fit on the eval tasks)",
-                              optional=True),
-    "eval.divisors_path": Field(str, "FamilyDivisors JSON for FDR/SPR (None: defaults)",
-                                optional=True),
-    "eval.reward_fn": Field(str, "reward of the episodes (critic EV targets)",
-                            choices=("fdr", "spr", "binary")),
-    "rollout.cache_multiple": Field(int, "sampler cache length rounding", lo=1),
-    "rollout.prefill_chunk": Field(int, "sampler prefill chunk", lo=1),
-    "rollout.decode_block": Field(int, "sampler decode block", lo=1),
-}
+# the experiment's typed config: every setting, its default and what it allows
+# (terminal_rsi.evaluation.config); `run` receives an instance built from the ConfigDict
+CONFIG = EvalConfig
 
 
 class EvaluationError(RuntimeError):
@@ -105,18 +100,12 @@ def load_actor(config) -> LoadedModel:
 def load_critic(path: str, mcfg):
     from flax import nnx
 
-    from terminal_rsi import sharding as shd
-    from terminal_rsi.checkpoint import import_weights
-    from terminal_rsi.models.transformer import ValueModel
-
     graphdef, abstract = shd.abstract_model(ValueModel, mcfg)
     return graphdef, import_weights(path, "critic", nnx.to_pure_dict(abstract))
 
 
 def eval_tasks(config) -> dict[str, list]:
     """{suite: [Task]} for the configured suites (deterministic)."""
-    from terminal_rsi.tasks import get_suite
-
     t = config.tasks
     out = {}
     for suite in t.suites:
@@ -138,8 +127,6 @@ def eval_tasks(config) -> dict[str, list]:
 
 def frozen_strata(config, tasks_by_suite: dict, workdir: str):
     """Load the frozen strata (eval.strata_path) or fit them now, before any episode."""
-    from terminal_rsi.evaluation.strata import StrataTable, fit_strata
-
     path = config.eval.get("strata_path")
     if path:
         table = StrataTable.load(path)
@@ -151,8 +138,6 @@ def frozen_strata(config, tasks_by_suite: dict, workdir: str):
 
 
 def _divisors(config):
-    from terminal_rsi.rewards import FamilyDivisors
-
     p = config.eval.get("divisors_path")
     return FamilyDivisors.load(p) if p else FamilyDivisors()
 
@@ -161,28 +146,21 @@ def critic_explained_variance(critic_graphdef, critic_params, trajectories, buck
                               rows_per_call: int = 16) -> float | None:
     """EV of the critic on finished episodes: pre-token values vs TB-GAE returns with
     γ_turn = λ_turn = 1 (the episode's reward-to-go) over generated tokens."""
-    import jax
-    import jax.numpy as jnp
-
-    from terminal_rsi import ppo_step as ps
-    from terminal_rsi.agent import pack_trajectories
-    from terminal_rsi.evaluation.metrics import explained_variance
-
     trajs = [t for t in trajectories if t.num_generated > 0
              and t.training_policy.value != "drop"]
     if not trajs:
         return None
     value_fn = _cached(("values", critic_graphdef), lambda: jax.jit(
-        lambda p, b: ps.critic_values(p, critic_graphdef, b)))
+        lambda p, b: critic_values(p, critic_graphdef, b)))
     vs, rs, ms = [], [], []
     for i in range(0, len(trajs), rows_per_call):
         packed = pack_trajectories(trajs[i:i + rows_per_call], buckets=buckets)
         batch = {k: jnp.asarray(getattr(packed, k)) for k in (
             "tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones", "turn_ids")}
         values = value_fn(critic_params, batch)
-        _, ret = ps.compute_advantages(values, batch, estimator="tb_gae", gamma_turn=1.0,
-                                       lambda_turn=1.0)
-        mask = np.asarray(ps.trained_mask(batch["gen_mask"], batch["segment_ids"]))
+        _, ret = compute_advantages(values, batch, estimator="tb_gae", gamma_turn=1.0,
+                                    lambda_turn=1.0)
+        mask = np.asarray(trained_mask(batch["gen_mask"], batch["segment_ids"]))
         vs.append(np.asarray(values)[mask])
         rs.append(np.asarray(ret)[mask])
         ms.append(np.ones(int(mask.sum()), bool))
@@ -196,25 +174,14 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
     """Run every suite k times and summarize; writes `<suite>.jsonl` shards. A progress bar
     per suite (`terminal_rsi.progress`); one summary line per suite through `log` (EV n/a:
     no critic given, or no episode to measure it on)."""
-    from terminal_rsi.agent import (
-        HarnessConfig,
-        RolloutScheduler,
-        SamplerPolicy,
-        SchedulerConfig,
-        write_shard,
-    )
-    from terminal_rsi.evaluation.summary import summarize_suite
-    from terminal_rsi.sampling import Buckets, Sampler
-    from terminal_rsi.tasks import open_task_sandbox
-
     h, r, e = config.harness, config.rollout, config.eval
     divisors = _divisors(config)
     buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple)
     sampler = _cached(("sampler", model.config, r.decode_block, buckets),
                       lambda: Sampler(model.graphdef, model.config, decode_block=r.decode_block,
                                       buckets=buckets, pad_id=int(model.tokenizer.pad_id)))
-    harness = HarnessConfig.from_config(h, name="eval", reward_fn=e.reward_fn, divisors=divisors,
-                                         verify_backend=config.tasks.backend)
+    harness = HarnessConfig.from_config(h, name="eval", verify_backend=config.tasks.backend)
+    scorer = EpisodeScorer(e.reward_fn, divisors)  # the critic's EV targets
     out = {}
     for si, (suite, tasks) in enumerate(tasks_by_suite.items()):
         t0 = time.monotonic()
@@ -222,7 +189,8 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
                                seed=config.seed * 1000 + si)
         sched = RolloutScheduler(policy, harness, lambda task: open_task_sandbox(
             task, config.tasks.backend, allow_plain=config.tasks.allow_plain_sandbox),
-            SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True))
+            SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True),
+            scorer=scorer)
         launch = [task for _ in range(e.k) for task in tasks]
         res = sched.collect(launch, len(launch), desc=f"eval {suite}")
         runs: list[list] = [[None] * len(tasks) for _ in range(e.k)]
@@ -247,7 +215,7 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
     return out
 
 
-def evaluate(config: ml_collections.ConfigDict, workdir: str, log=echo) -> dict:
+def evaluate(config: EvalConfig, workdir: str, log=echo) -> dict:
     """Run the evaluation described by `config` into `workdir`; returns the metrics dict."""
     os.makedirs(workdir, exist_ok=True)
     tasks_by_suite = eval_tasks(config)
@@ -262,7 +230,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, log=echo) -> dict:
     return metrics
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def run(config: EvalConfig, workdir: str) -> dict:
     metrics = evaluate(config, workdir)
     print(f"[evaluate] metrics in {os.path.join(workdir, 'metrics.json')}", file=sys.stderr)
     return metrics

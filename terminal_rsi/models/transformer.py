@@ -56,7 +56,7 @@ from flax import nnx
 from terminal_rsi.models.config import ModelConfig
 
 Cache = dict[str, Any]
-_MASK_VALUE = -1e30  # finite, so fully masked (padding) query rows stay finite
+MASK_VALUE = -1e30  # finite, so fully masked (padding) query rows stay finite
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, std: float | None) -> nnx.Param:

@@ -42,8 +42,11 @@ from typing import Any
 import jax
 import ml_dtypes
 import numpy as np
+from flax import nnx
 
+from terminal_rsi import sharding as shd
 from terminal_rsi.models.config import ModelConfig
+from terminal_rsi.models.transformer import DecoderLM, ValueModel
 
 
 class WeightLoadError(ValueError):
@@ -161,10 +164,7 @@ def _hf_converters(config: ModelConfig, target: str, get: Callable[[str], np.nda
 def _materialize(converters: dict, model_cls, config: ModelConfig, mesh=None,
                  rules=None) -> dict:
     """Run the converters into (sharded) jax arrays with the model's shapes and dtypes."""
-    from terminal_rsi import sharding as shd
-
     _, abstract_state = shd.abstract_model(model_cls, config)
-    from flax import nnx
     abstract = nnx.to_pure_dict(abstract_state)
     shardings = (shd.param_shardings(model_cls, config, mesh, rules)
                  if mesh is not None else None)
@@ -193,8 +193,6 @@ def _materialize(converters: dict, model_cls, config: ModelConfig, mesh=None,
 
 
 def _model_cls(target: str):
-    from terminal_rsi.models.transformer import DecoderLM, ValueModel
-
     return {"actor": DecoderLM, "critic": ValueModel}[target]
 
 
@@ -221,7 +219,7 @@ def load_hf_params(path: str, config: ModelConfig, *, target: str = "actor", mes
 
 
 def open_gguf(path_or_reader):
-    import gguf
+    import gguf  # the GGUF reader: optional, loaded when a GGUF file is read
 
     if isinstance(path_or_reader, gguf.GGUFReader):
         return path_or_reader
@@ -286,7 +284,7 @@ def permute_gguf_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def gguf_tensor(reader, name: str) -> np.ndarray:
     """Dequantized float32 tensor in row-major [rows, cols] (= HF [out, in]) order."""
-    import gguf
+    import gguf  # the GGUF reader: optional, loaded when a GGUF file is read
 
     for t in reader.tensors:
         if t.name == name:

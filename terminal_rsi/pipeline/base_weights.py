@@ -12,28 +12,30 @@ weights-only handoff `<workdir>/export/actor` and `<workdir>/export/critic` (the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
-import ml_collections
+import jax
 
 from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.configuration import BASE_SCHEMA, Field
-from terminal_rsi.models.loading import MODEL_SCHEMA, load_model
-
-SCHEMA = {
-    **BASE_SCHEMA,
-    **MODEL_SCHEMA,
-    "init.actor_weights": Field(str, "export dir with actor weights (None: gguf or random)",
-                                optional=True),
-}
+from terminal_rsi.checkpoint import export_weights
+from terminal_rsi.models.loading import load_model
+from terminal_rsi.models.transformer import critic_params_from_actor
+from terminal_rsi.sections import ActorWeights, ModelSource, Seeded
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    import jax
+@dataclasses.dataclass(frozen=True)
+class BaseWeightsConfig(Seeded):
+    """The base actor as given: a GGUF model, an export, or a seeded random init."""
 
-    from terminal_rsi.checkpoint import export_weights
-    from terminal_rsi.models.transformer import critic_params_from_actor
+    model: ModelSource = ModelSource()
+    init: ActorWeights = ActorWeights()
 
+
+CONFIG = BaseWeightsConfig
+
+
+def run(config: BaseWeightsConfig, workdir: str) -> dict:
     model = load_model(config, params=True)
     out = os.path.join(workdir, "export")
     export_weights(out, "actor", model.params, force=True)

@@ -3,8 +3,12 @@
 - `default`: the tiny CPU default that learns (issue 11 §4; measured in docs/pipeline.md).
 - `ci`: the same job, much smaller (a few minutes): fewer steps, fewer tasks.
 - `test`: the smallest shapes that still run every stage (tests/pipeline).
+- `paper`: the paper's protocol (§3.1, App. A Tables 1 and 3) with the 27B-class model shape:
+  a pod-sized job, not one for this machine (`python experiments/memory_plan.py
+  --config.scale=paper` shows the per-device memory of its train states on candidate meshes).
 
-Each preset gives `model_dims` (applied when config.model == "tiny"), shared `tasks` and
+Each preset gives `model_dims` (applied when config.model == "tiny"), `model` (model.* settings
+of every stage, e.g. the preset), shared `tasks` and
 `harness` settings, evaluation settings (`eval`), per-experiment overrides (`experiments`,
 keyed by registry name) and per-stage overrides (`stages`). Keys a stage config does not
 have are skipped (so a preset can carry settings for every experiment); the user's
@@ -12,6 +16,8 @@ have are skipped (so a preset can carry settings for every experiment); the user
 """
 
 from __future__ import annotations
+
+from terminal_rsi.configuration import ConfigError
 
 # the tiny default's families and harness follow configs/base_sft.py (branch rsr): single-turn
 # built-ins a small byte-level model can learn, plus hint_lookup (read, then act)
@@ -134,9 +140,39 @@ SCALES: dict[str, dict] = {
 }
 
 
+# The paper's protocol. Training (App. A "Optimization and sampling", §3.1 "Sequence budgets"):
+# actor lr 5e-7 in RPR-1 and 1e-7 in RPR-2 (pipeline.rpr2_lr_divisor 5), critic 1.5e-5, Adam
+# β (0.9, 0.98), weight decay 0.1, value clip 4.0, critic grad clip 100, actor grad clip 1.0,
+# policy clip 0.30 / 5.00, KL and entropy 0, batch 256 with 288 launched, one response per task
+# at T 1.0 and top-p 1.0, 36 rollout steps per phase with the first 4 critic-only
+# (pipeline.critic_warmup_steps), rows padded to multiples of 2,048 tokens, 256k sequence
+# capacity. Evaluation (§3.1 "Evaluation protocol", Table 3): Mean@3 at T 0.6 and top-p 0.95,
+# 8,192 output tokens per turn, 96,000 input tokens per call, up to 100,000 turns,
+# summarization at 32,000 tokens, no parse-error limit.
+PAPER_HARNESS = {"system_prompt": "", "max_turns": 100_000, "max_output_tokens": 8192,
+                 "max_input_tokens": 96_000, "summarize_threshold": 32_000,
+                 "temperature": 1.0, "max_parse_errors": None}
+PAPER_RPR = {"num_steps": 36, "rollout.batch_size": 256, "rollout.oversample": 0.125,
+             "rollout.cache_multiple": 2048, "rollout.curriculum": "cyclic",
+             "ppo.clip_low": 0.30, "ppo.clip_high": 5.00, "ppo.value_clip": 4.0,
+             "ppo.kl_coef": 0.0, "ppo.normalize_advantages": False,
+             "ppo.mask_malformed": False,
+             "actor_opt.learning_rate": 5e-7, "actor_opt.b1": 0.9, "actor_opt.b2": 0.98,
+             "actor_opt.weight_decay": 0.1, "actor_opt.grad_clip": 1.0,
+             "actor_opt.warmup_steps": 0,
+             "critic_opt.learning_rate": 1.5e-5, "critic_opt.b1": 0.9, "critic_opt.b2": 0.98,
+             "critic_opt.weight_decay": 0.1, "critic_opt.grad_clip": 100.0}
+SCALES["paper"] = {
+    "model": {"preset": "qwen3_27b_class", "max_seq_len": 262_144},
+    "tasks": {},
+    "harness": PAPER_HARNESS,
+    "eval": {"k": 3},
+    "experiments": {"rpr_phase": PAPER_RPR},
+    "stages": {},
+}
+
+
 def get_scale(name: str) -> dict:
     if name not in SCALES:
-        from terminal_rsi.configuration import ConfigError
-
         raise ConfigError(f"config.scale = {name!r}; choose one of {', '.join(SCALES)}")
     return SCALES[name]

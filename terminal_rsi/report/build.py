@@ -28,6 +28,14 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from terminal_rsi.agent.trajectory import (
+    TRAINING_POLICY,
+    TrainingPolicy,
+    TrajectoryFormatError,
+    read_shard,
+)
 from terminal_rsi.report import data as D
 
 ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
@@ -60,13 +68,8 @@ def _clean(x: Any) -> Any:
         return x
     if isinstance(x, float):
         return x if math.isfinite(x) else None
-    try:
-        import numpy as np
-
-        if isinstance(x, np.generic):
-            return _clean(x.item())
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(x, np.generic):
+        return _clean(x.item())
     return str(x)
 
 
@@ -180,8 +183,6 @@ class _Builder:
         return out
 
     def load_shard(self, stage: str, shard: pathlib.Path, tok, divisors, stage_eps: list):
-        from terminal_rsi.agent.trajectory import TrajectoryFormatError, read_shard
-
         try:
             trajs = read_shard(shard)
         except TrajectoryFormatError as e:
@@ -359,7 +360,7 @@ def _tail(path: pathlib.Path, chars: int = 4000) -> str | None:
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # the optional plotting engine ('terminal_rsi[report]'), on first plot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -421,8 +422,6 @@ def _draw_progression(ledger: dict, episodes: Sequence[dict], path: pathlib.Path
         ax.legend(fontsize=7)
         source = "drawn from the ledger's eval mean_at_k"
     else:
-        from terminal_rsi.agent.trajectory import TRAINING_POLICY, TrainingPolicy
-
         # episodes the verifier judged as the policy's outcome (keep_reward reasons)
         verdicts = {r.value for r, pol in TRAINING_POLICY.items()
                     if pol == TrainingPolicy.KEEP_REWARD}

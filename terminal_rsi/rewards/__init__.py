@@ -2,8 +2,10 @@
 
 CTRF report → `VerificationReport` (`parse_ctrf`), frozen family divisor tables
 (`FamilyDivisors`, `calibrate_family_divisors`, `recalibrate`), and the reward
-functions FDR (Eq. 6) and SPR (Eq. 7) in scalar and vectorized (jit-able) form.
-Offline rescoring lives in `terminal_rsi.rewards.rescore` (experiment "rescore").
+functions FDR (Eq. 6) and SPR (Eq. 7) in scalar and vectorized (jit-able) form;
+`EpisodeScorer`: a stage's reward of finished episodes (the harness does not score).
+Offline rescoring: `terminal_rsi.rewards.rescore` (experiment "rescore":
+`terminal_rsi.experiments.rescore`).
 """
 
 from terminal_rsi.rewards.ctrf import (
@@ -47,6 +49,7 @@ from terminal_rsi.rewards.functions import (
     spr_value,
 )
 from terminal_rsi.rewards.outcomes import EpisodeFormatError, EpisodeOutcome, load_episodes
+from terminal_rsi.rewards.scoring import EpisodeScorer
 
 __all__ = [
     "DEFAULT_FALLBACK",
@@ -56,6 +59,7 @@ __all__ = [
     "DivisorError",
     "EpisodeFormatError",
     "EpisodeOutcome",
+    "EpisodeScorer",
     "FamilyDivisors",
     "HygieneRule",
     "Provenance",

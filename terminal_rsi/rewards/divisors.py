@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.rewards.functions import get_reward_fn
 
 DEFAULT_FALLBACK = 82.0
 _FORMAT_TAG = "terminal_rsi.FamilyDivisors/1"
@@ -341,9 +342,7 @@ def recalibrate(
       A FamilyDivisors listing every old family plus every family that appears in the
       trajectories, with `provenance.decisions[family]` saying which rule fired and why.
     """
-    from terminal_rsi.rewards import functions  # local: functions imports nothing from here
-
-    reward_fn = functions.get_reward_fn(rules.reward)
+    reward_fn = get_reward_fn(rules.reward)
     by_family: dict[str, list[Any]] = {}
     for t in trajectories:
         by_family.setdefault(t.family, []).append(t)

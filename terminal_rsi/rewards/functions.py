@@ -1,7 +1,8 @@
 """Reward functions: binary, FDR (Eq. 6) and SPR (Eq. 7), scalar and vectorized.
 
-Scalar forms take a `VerificationReport`, the episode's family and a
-`FamilyDivisors` table; vectorized forms take arrays and run under `jit`:
+Scalar forms take a `VerificationReport`, the episode's family and a divisor table
+(`FamilyDivisors`, or anything with `.get(family) -> D_f`: `DivisorTable`); vectorized
+forms take arrays and run under `jit`:
 
     R_FDR = max(P / D_f, 0)          if the report is valid, else S      (Eq. 6)
     R_SPR = S + P / (P + D'_f)       if the report is valid, else S      (Eq. 7)
@@ -18,17 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from terminal_rsi.configuration import ConfigError
+from terminal_rsi.rewards.ctrf import VerificationReport
+from terminal_rsi.settings import SettingError
 
 if TYPE_CHECKING:
     import chex
-
-    from terminal_rsi.rewards.ctrf import VerificationReport
-    from terminal_rsi.rewards.divisors import FamilyDivisors
 
 _BELOW_ONE = math.nextafter(1.0, 0.0)
 _BELOW_TWO = math.nextafter(2.0, 0.0)
@@ -36,6 +35,13 @@ _BELOW_TWO = math.nextafter(2.0, 0.0)
 
 class RewardInputError(ValueError):
     """Reward inputs violate the preconditions (finite P >= 0, D > 0)."""
+
+
+class DivisorTable(Protocol):
+    """What the reward functions read from a divisor table (`divisors.FamilyDivisors`)."""
+
+    def get(self, family: str | None) -> float:
+        """D_f of `family` (the table's fallback for a family it does not list)."""
 
 
 def _check(p: float, d: float) -> tuple[float, float]:
@@ -79,29 +85,29 @@ def spr_value(p: float, d: float, valid: bool, s: bool | int) -> float:
 
 
 def binary(report: VerificationReport, family: str | None = None,
-           divisors: FamilyDivisors | None = None) -> float:
+           divisors: DivisorTable | None = None) -> float:
     """R = S, the strict terminal success (report validity and counts ignored)."""
     return float(report.strict_success)
 
 
-def fdr(report: VerificationReport, family: str, divisors: FamilyDivisors) -> float:
+def fdr(report: VerificationReport, family: str, divisors: DivisorTable) -> float:
     """Family Dense Reward (Eq. 6): max(P / D_f, 0) for a valid report, else S."""
     return fdr_value(report.passed, divisors.get(family), report.valid, report.strict_success)
 
 
-def spr(report: VerificationReport, family: str, divisors: FamilyDivisors) -> float:
+def spr(report: VerificationReport, family: str, divisors: DivisorTable) -> float:
     """Success-Prioritized Reward (Eq. 7): S + P / (P + D'_f) for a valid report, else S."""
     return spr_value(report.passed, divisors.get(family), report.valid, report.strict_success)
 
 
-RewardFn = Callable[["VerificationReport", str, "FamilyDivisors"], float]
+RewardFn = Callable[[VerificationReport, str, DivisorTable], float]
 REWARD_FNS: dict[str, RewardFn] = {"binary": binary, "fdr": fdr, "spr": spr}
 
 
 def get_reward_fn(name: str) -> RewardFn:
     """The scalar reward function called `name` ("binary", "fdr", "spr")."""
     if name not in REWARD_FNS:
-        raise ConfigError(f"unknown reward function {name!r}; choose one of "
+        raise SettingError(f"unknown reward function {name!r}; choose one of "
                           f"{', '.join(sorted(REWARD_FNS))}")
     return REWARD_FNS[name]
 
@@ -179,7 +185,7 @@ ARRAY_REWARD_FNS: dict[str, Callable[..., Any]] = {
 def get_reward_array_fn(name: str) -> Callable[..., Any]:
     """The vectorized reward function called `name` ("binary", "fdr", "spr")."""
     if name not in ARRAY_REWARD_FNS:
-        raise ConfigError(f"unknown reward function {name!r}; choose one of "
+        raise SettingError(f"unknown reward function {name!r}; choose one of "
                           f"{', '.join(sorted(ARRAY_REWARD_FNS))}")
     return ARRAY_REWARD_FNS[name]
 
@@ -187,7 +193,7 @@ def get_reward_array_fn(name: str) -> Callable[..., Any]:
 def report_arrays(
     reports: Sequence[VerificationReport],
     families: Sequence[str],
-    divisors: FamilyDivisors,
+    divisors: DivisorTable,
     dtype: Any = np.float32,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(P, D, valid, S) arrays [B] for the vectorized reward functions."""

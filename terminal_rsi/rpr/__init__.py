@@ -1,9 +1,10 @@
 """RPR phase loop (§2.4): critic warm-up, joint PPO updates, in-training eval, checkpoints.
 
-See `terminal_rsi.rpr.phase` and docs/rpr.md. Importing this package is light; the phase
-imports JAX-side modules when it runs.
+See `terminal_rsi.rpr.phase`, its typed config `terminal_rsi.rpr.config.PhaseConfig`, and
+docs/rpr.md.
 """
 
-from terminal_rsi.rpr.phase import SCHEMA, PhaseError, PhaseResult, run, run_phase
+from terminal_rsi.rpr.config import PhaseConfig
+from terminal_rsi.rpr.phase import PhaseError, PhaseResult, run, run_phase
 
-__all__ = ["SCHEMA", "PhaseError", "PhaseResult", "run", "run_phase"]
+__all__ = ["PhaseConfig", "PhaseError", "PhaseResult", "run", "run_phase"]

@@ -27,45 +27,43 @@ train_s, held-out success overall and per family, guided success).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
-from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
+from terminal_rsi.agent import SamplingSettings, write_shard
+from terminal_rsi.checkpoint import export_weights
+from terminal_rsi.losses import Aggregation
+from terminal_rsi.models.loading import load_model
+from terminal_rsi.models.transformer import critic_params_from_actor
 from terminal_rsi.progress import echo, progress
 from terminal_rsi.rsr import common as cm
+from terminal_rsi.rsr.config import BaseSFTConfig
+from terminal_rsi.rsr.guidance import execution_harness
+from terminal_rsi.rsr.runbook import digest_runbook
+from terminal_rsi.rsr.sft import make_sft_step, train_sft
+from terminal_rsi.sampling import Buckets
+from terminal_rsi.train_state import TrainState
 
-SCHEMA = {
-    **BASE_SCHEMA, **EPISODE_SCHEMA, **cm.MODEL_SCHEMA, **cm.INIT_SCHEMA, **cm.TASK_SCHEMA,
-    **cm.HARNESS_SCHEMA, **cm.ROLLOUT_SCHEMA, **cm.OPT_SCHEMA, **cm.SFT_SCHEMA,
-    "demos.runbook_fraction": Field(float, "fraction of tasks that also get a runbook-"
-                                    "conditioned demonstration", lo=0.0, hi=1.0),
-    "demos.curriculum": Field(str, "none | length (shortest demonstrations first)",
-                              choices=("none", "length")),
-    "eval.num_tasks": Field(int, "held-out tasks per evaluation (0: no evaluation)", lo=0),
-    "eval.temperature": Field(float, "sampling temperature of evaluation (0: greedy)",
-                              lo=0.0),
-    "eval.every": Field(int, "evaluate every N SFT steps (0: only at the end)", lo=0),
-    "eval.guided": Field(bool, "also evaluate under H0 + digest-runbook guidance"),
-}
+# the experiment's typed config: every setting, its default and what it allows
+# (terminal_rsi.rsr.config); `run` receives an instance built from the ConfigDict
+CONFIG = BaseSFTConfig
 
 
 def runbook_for_task(task):
     """The digest runbook of a task's reference solution (all turns' commands in order)."""
-    from terminal_rsi.rsr.runbook import digest_runbook
-
     return digest_runbook(task.instruction, [c for turn in task.solution for c in turn])
 
 
 def render_demonstrations(config, tasks, tokenizer, rng) -> tuple[list, dict]:
     """Reference demonstrations under H0, plus runbook-conditioned ones (module doc)."""
-    from terminal_rsi.rsr.guidance import execution_harness
-
     h0 = cm.harness_from_config(config)
     pol = cm.demo_policy(tokenizer, config.harness.action_style)
     c = config.rollout.concurrency
@@ -107,9 +105,8 @@ def length_curriculum(trajs, num_steps: int, start_fraction: float = 0.34):
 
 def evaluate(actor, mcfg, tokenizer, config, tasks, *, guided: bool, seed: int,
              cache: dict) -> list:
-    from terminal_rsi.agent import SamplingSettings
-    from terminal_rsi.rsr.guidance import execution_harness
-
+    """One episode per task of `actor` under H0 at `eval.temperature` (with `guided`, with
+    the task's digest runbook as private guidance)."""
     h0 = cm.harness_from_config(config, sampling=SamplingSettings(
         temperature=config.eval.temperature))
     pol = cm.make_sampler_policy(actor, mcfg, tokenizer, config, seed, cache)
@@ -118,118 +115,152 @@ def evaluate(actor, mcfg, tokenizer, config, tasks, *, guided: bool, seed: int,
                       cm.task_sandbox(config))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    from terminal_rsi.agent import write_shard
-    from terminal_rsi.checkpoint import export_weights
-    from terminal_rsi.losses import Aggregation
-    from terminal_rsi.models.loading import load_model
-    from terminal_rsi.models.transformer import critic_params_from_actor
-    from terminal_rsi.rpr.phase import config_tasks
-    from terminal_rsi.rsr.sft import make_sft_step, train_sft
-    from terminal_rsi.sampling import Buckets
-
-    t_start = time.monotonic()
-    export, trajdir = cm.stage_dirs(workdir)
-    model = load_model(config)  # byte preset, or model.gguf: its tokenizer, template, shape
-    tok, mcfg = model.tokenizer, model.config
-    rng = np.random.default_rng(config.seed)
-    tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family,
-                         cm.StageError)
-    demos, demo_stats = render_demonstrations(config, tasks, tok, rng)
+def load_demonstrations(config, tokenizer, rng, trajdir: str) -> tuple[list, list, dict]:
+    """Step 1: the training tasks and their verified demonstrations
+    (trajectories/demos.jsonl) with their counts."""
+    tasks = cm.stage_tasks(config, config.tasks.train_split, config.tasks.n_per_family)
+    demos, stats = render_demonstrations(config, tasks, tokenizer, rng)
     write_shard(os.path.join(trajdir, "demos.jsonl"), demos)
-    t_demo = time.monotonic() - t_start
-    echo(f"[base_sft] {len(demos)} demonstrations ({_demo_str(demo_stats)}) in {t_demo:.0f}s")
+    return tasks, demos, stats
 
-    actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed,
-                            total_steps=config.sft.steps)
-    s = config.sft
-    step_fn = make_sft_step(Aggregation(s.aggregation), s.num_microbatches, state=actor)
-    # rows padded to the batch's longest row rounded up to cache_multiple (a handful of
-    # compiled shapes; padding every batch to the longest demonstration costs more on CPU)
-    buckets = Buckets(cache_multiple=config.rollout.cache_multiple,
-                      batch_multiple=s.num_microbatches, power_of_two=False)
-    width = None
-    eval_tasks = (config_tasks(config, config.tasks.eval_split, config.tasks.eval_n_per_family,
-                               cm.StageError)[:config.eval.num_tasks]
-                  if config.eval.num_tasks else [])
-    cache: dict = {}
-    metrics: list[dict] = []
-    metrics_path = os.path.join(workdir, "metrics.jsonl")
-    sampler = (length_curriculum(demos, s.steps) if config.demos.curriculum == "length"
-               else None)
-    t_train0 = time.monotonic()
-    train_s = 0.0
-    final_eval: list = []
 
-    def run_eval(step: int, row: dict) -> None:
-        nonlocal final_eval
-        if not eval_tasks:
+def heldout_tasks(config) -> list:
+    """The first `eval.num_tasks` held-out instances (`tasks.eval_split`); none with 0."""
+    if not config.eval.num_tasks:
+        return []
+    return cm.stage_tasks(config, config.tasks.eval_split,
+                          config.tasks.eval_n_per_family)[:config.eval.num_tasks]
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Steps 2-3: SFT of `actor` on `demos` in chunks of `eval.every` steps, each followed by
+    an evaluation on `eval_tasks` written into the last metrics row."""
+
+    config: Any
+    actor: TrainState
+    mcfg: Any
+    tokenizer: Any
+    demos: list
+    eval_tasks: list
+    metrics_path: str
+    metrics: list = dataclasses.field(default_factory=list)
+    final_eval: list = dataclasses.field(default_factory=list)
+    cache: dict = dataclasses.field(default_factory=dict)
+    train_s: float = 0.0
+
+    def heldout_eval(self, step: int, row: dict) -> None:
+        """Held-out success (and guided success) of the current actor into `row`."""
+        if not self.eval_tasks:
             return
-        ev = evaluate(actor, mcfg, tok, config, eval_tasks, guided=False,
-                      seed=config.seed + step, cache=cache)
+        c = self.config
+        ev = evaluate(self.actor, self.mcfg, self.tokenizer, c, self.eval_tasks, guided=False,
+                      seed=c.seed + step, cache=self.cache)
         row["eval/success"] = float(np.mean([t.S for t in ev]))
-        if config.eval.guided:
-            gv = evaluate(actor, mcfg, tok, config, eval_tasks, guided=True,
-                          seed=config.seed + step + 1, cache=cache)
+        if c.eval.guided:
+            gv = evaluate(self.actor, self.mcfg, self.tokenizer, c, self.eval_tasks,
+                          guided=True, seed=c.seed + step + 1, cache=self.cache)
             row["eval/guided_success"] = float(np.mean([t.S for t in gv]))
-        final_eval = ev
+        self.final_eval = ev
 
-    def on_step(offset: int):
+    def on_step(self, offset: int, t_train0: float) -> Callable[[int, dict], None]:
+        """train_sft's per-step callback: numbers the row, keeps it, logs every 10 steps."""
+        steps = self.config.sft.steps
+
         def f(k: int, row: dict) -> None:
             row["step"] = k + offset
-            metrics.append(row)
-            if row["step"] % 10 == 0 or row["step"] == s.steps:
-                echo(f"[base_sft] step {row['step']}/{s.steps} loss {row['loss']:.3f} "
+            self.metrics.append(row)
+            if row["step"] % 10 == 0 or row["step"] == steps:
+                echo(f"[base_sft] step {row['step']}/{steps} loss {row['loss']:.3f} "
                      f"nll/token {row['nll_per_token']:.4f} "
                      f"{time.monotonic() - t_train0:.0f}s")
         return f
 
-    # train in chunks between evaluations, under one bar of all the steps
-    every = config.eval.every or s.steps
-    done = 0
-    cpu0 = time.process_time()
-    with progress(total=s.steps, desc="base_sft", unit="step") as bar:
-        while done < s.steps:
-            n = min(every, s.steps - done)
-            t0 = time.monotonic()
-            actor, _ = train_sft(actor, demos, step_fn, num_steps=n, batch_size=s.batch_size,
-                                 rng=rng, buckets=buckets, sampler=sampler, width=width,
-                                 on_step=on_step(done), bar=bar)
-            train_s += time.monotonic() - t0
-            done += n
-            if done < s.steps and config.eval.every:
-                run_eval(done, metrics[-1])
-                echo(f"[base_sft] eval at step {done}: {_eval_str(metrics[-1])}")
-            cm.write_jsonl(metrics_path, metrics)
-    train_cpu_s = time.process_time() - cpu0  # includes in-training evaluations
-    if not metrics:  # sft.steps == 0: one line so that metrics.jsonl is never empty
-        metrics.append({"step": 0})
-    run_eval(s.steps, metrics[-1])
-    cm.write_jsonl(metrics_path, metrics)
-    write_shard(os.path.join(trajdir, "eval.jsonl"), final_eval)
+    def train(self, rng: np.random.Generator) -> float:
+        """All `sft.steps` steps under one progress bar, evaluating every `eval.every` steps
+        and at the end; returns the CPU seconds of training (evaluations included)."""
+        c, s = self.config, self.config.sft
+        step_fn = make_sft_step(Aggregation(s.aggregation), s.num_microbatches,
+                                state=self.actor)
+        # rows padded to the batch's longest row rounded up to cache_multiple (a handful of
+        # compiled shapes; padding every batch to the longest demonstration costs more on CPU)
+        buckets = Buckets(cache_multiple=c.rollout.cache_multiple,
+                          batch_multiple=s.num_microbatches, power_of_two=False)
+        sampler = (length_curriculum(self.demos, s.steps) if c.demos.curriculum == "length"
+                   else None)
+        every, done = c.eval.every or s.steps, 0
+        t_train0, cpu0 = time.monotonic(), time.process_time()
+        with progress(total=s.steps, desc="base_sft", unit="step") as bar:
+            while done < s.steps:
+                n = min(every, s.steps - done)
+                t0 = time.monotonic()
+                self.actor, _ = train_sft(self.actor, self.demos, step_fn, num_steps=n,
+                                          batch_size=s.batch_size, rng=rng, buckets=buckets,
+                                          sampler=sampler, width=None,
+                                          on_step=self.on_step(done, t_train0), bar=bar)
+                self.train_s += time.monotonic() - t0
+                done += n
+                if done < s.steps and c.eval.every:
+                    self.heldout_eval(done, self.metrics[-1])
+                    echo(f"[base_sft] eval at step {done}: {_eval_str(self.metrics[-1])}")
+                cm.write_jsonl(self.metrics_path, self.metrics)
+        train_cpu_s = time.process_time() - cpu0  # includes in-training evaluations
+        if not self.metrics:  # sft.steps == 0: one line so that metrics.jsonl is never empty
+            self.metrics.append({"step": 0})
+        self.heldout_eval(s.steps, self.metrics[-1])
+        cm.write_jsonl(self.metrics_path, self.metrics)
+        return train_cpu_s
+
+
+def export_base(export: str, actor: TrainState) -> None:
+    """export/actor, and export/critic = `critic_params_from_actor` of it (C2)."""
     export_weights(export, "actor", actor.params, force=True)
     export_weights(export, "critic", jax.device_get(critic_params_from_actor(actor.params)),
                    force=True)
-    last = metrics[-1]
-    summary = {
+
+
+def base_summary(tr: Trainer, tasks: list, demo_stats: dict, demo_s: float,
+                 train_cpu_s: float) -> dict:
+    """summary.json of the stage (module doc)."""
+    last = tr.metrics[-1]
+    return {
         **demo_stats,
-        "demos": len(demos),
+        "demos": len(tr.demos),
         "families": sorted({t.family for t in tasks}),
-        "demo_s": t_demo,
-        "train_s": train_s,
+        "demo_s": demo_s,
+        "train_s": tr.train_s,
         "train_cpu_s": train_cpu_s,
-        "sft_steps": s.steps,
+        "sft_steps": tr.config.sft.steps,
         "final_nll_per_token": last.get("nll_per_token"),
-        "heldout_tasks": len(eval_tasks),
+        "heldout_tasks": len(tr.eval_tasks),
         "heldout_success": last.get("eval/success"),
         "heldout_guided_success": last.get("eval/guided_success"),
-        "heldout_per_family": cm.success_by_family(final_eval),
-        "num_params": mcfg.num_params(),
-        "wall_s": time.monotonic() - t_start,
+        "heldout_per_family": cm.success_by_family(tr.final_eval),
+        "num_params": tr.mcfg.num_params(),
     }
+
+
+def run(config: BaseSFTConfig, workdir: str) -> dict:
+    """The base stage (module doc): demonstrations, SFT with evaluations, exports."""
+    t_start = time.monotonic()
+    export, trajdir = cm.stage_dirs(workdir)
+    model = load_model(config)  # byte preset, or model.gguf: its tokenizer, template, shape
+    rng = np.random.default_rng(config.seed)
+    tasks, demos, demo_stats = load_demonstrations(config, model.tokenizer, rng, trajdir)
+    t_demo = time.monotonic() - t_start
+    echo(f"[base_sft] {len(demos)} demonstrations ({_demo_str(demo_stats)}) in {t_demo:.0f}s")
+    actor = cm.create_actor(config, model.config, config.actor_opt, config.seed,
+                            total_steps=config.sft.steps)
+    tr = Trainer(config, actor, model.config, model.tokenizer, demos, heldout_tasks(config),
+                 os.path.join(workdir, "metrics.jsonl"))
+    train_cpu_s = tr.train(rng)
+    write_shard(os.path.join(trajdir, "eval.jsonl"), tr.final_eval)
+    export_base(export, tr.actor)
+    summary = {**base_summary(tr, tasks, demo_stats, t_demo, train_cpu_s),
+               "wall_s": time.monotonic() - t_start}
     cm.write_json(os.path.join(workdir, "summary.json"), summary)
     echo(f"[base_sft] done: held-out success {_rate(summary['heldout_success'])} "
-         f"(guided {_rate(summary['heldout_guided_success'])}) after {train_s:.0f}s of "
+         f"(guided {_rate(summary['heldout_guided_success'])}) after {tr.train_s:.0f}s of "
          "training", file=sys.stderr)
     return summary
 

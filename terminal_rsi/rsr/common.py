@@ -1,5 +1,5 @@
-"""Pieces shared by the `rsr` and `base_sft` stages: config schema parts, the harness built
-from config, demonstration actions, actor creation, episode collection and exports.
+"""Pieces shared by the `rsr` and `base_sft` stages: the stage's tasks, the harness built from
+config, demonstration actions, actor creation, episode collection and exports.
 
 The model (tokenizer, chat template, shape, initial weights) comes from
 `terminal_rsi.models.loading` like every other stage's: the byte-level preset, or `model.gguf`
@@ -8,6 +8,7 @@ with its own tokenizer and chat template, which then renders every prompt of the
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import json
 import os
@@ -16,59 +17,24 @@ from typing import Any
 
 import numpy as np
 
-from terminal_rsi.configuration import Field
-from terminal_rsi.models.loading import MODEL_SCHEMA  # noqa: F401  (part of the stage schemas)
-from terminal_rsi.tasks import open_task_sandbox
+from terminal_rsi.agent import (
+    HarnessConfig,
+    SamplerPolicy,
+    ScriptedPolicy,
+    reference_action,
+)
+from terminal_rsi.agent.harness import run_episode
+from terminal_rsi.agent.scheduler import BatchingPolicy
+from terminal_rsi.atomic import atomic_write_text
+from terminal_rsi.models.loading import initial_actor_params
+from terminal_rsi.models.transformer import DecoderLM
+from terminal_rsi.rewards import EpisodeScorer
+from terminal_rsi.sampling import Buckets, Sampler
+from terminal_rsi.tasks import get_suite, open_task_sandbox
+from terminal_rsi.train_state import OptimizerConfig, create_train_state, make_optimizer
 
 SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
                        '{"commands":["<shell command>"],"task_complete":true}')
-
-INIT_SCHEMA = {
-    "init.actor_weights": Field(str, "export dir with actor weights (None: model.gguf's "
-                                "weights, or a random init)", optional=True),
-    "init.critic_weights": Field(str, "export dir with critic weights (rsr: re-exported "
-                                 "unchanged; None: critic_params_from_actor of the input "
-                                 "actor; base_sft: ignored, its critic is always "
-                                 "critic_params_from_actor)", optional=True),
-}
-HARNESS_SCHEMA = {
-    "harness.system_prompt": Field(str, "system prompt of the target harness H0 (None: the "
-                                   "harness default)", optional=True),
-    "harness.temperature": Field(float, "sampling temperature of the target harness", lo=0.0),
-    "harness.action_style": Field(str, "JSON action style of demonstrations and external "
-                                  "policies: compact ({\"commands\":[...]}) or full "
-                                  "(analysis, keystrokes, timeout)",
-                                  choices=("compact", "full")),
-}
-TASK_SCHEMA = {
-    "tasks.train_split": Field(str, "split of the training / rewriting tasks"),
-    "tasks.eval_split": Field(str, "split of the held-out evaluation tasks"),
-    "tasks.eval_n_per_family": Field(int, "built-in held-out instances per family", lo=1),
-}
-ROLLOUT_SCHEMA = {
-    "rollout.concurrency": Field(int, "episodes in flight", lo=1),
-    "rollout.cache_multiple": Field(int, "sampler cache / packed row length multiple", lo=1),
-    "rollout.prefill_chunk": Field(int, "sampler prefill chunk", lo=1),
-    "rollout.decode_block": Field(int, "sampler decode block", lo=1),
-}
-OPT_SCHEMA = {
-    "actor_opt.learning_rate": Field(float, "actor lr", lo=0.0),
-    "actor_opt.weight_decay": Field(float, "actor AdamW weight decay", lo=0.0),
-    "actor_opt.grad_clip": Field(float, "actor global-norm clip", lo=0.0, optional=True),
-    "actor_opt.warmup_steps": Field(int, "linear lr warm-up steps", lo=0),
-    "actor_opt.schedule": Field(str, "lr after the warm-up: constant, or cosine decay to "
-                                "end_lr_ratio x lr at the last SFT step of the stage",
-                                choices=("constant", "cosine")),
-    "actor_opt.end_lr_ratio": Field(float, "cosine: final lr / peak lr", lo=0.0, hi=1.0),
-}
-SFT_SCHEMA = {
-    "sft.steps": Field(int, "SFT optimizer steps", lo=0),
-    "sft.batch_size": Field(int, "trajectories per SFT step (drawn uniformly with "
-                            "replacement)", lo=1),
-    "sft.num_microbatches": Field(int, "gradient-accumulation slices per step", lo=1),
-    "sft.aggregation": Field(str, "loss aggregation (Eq. 3 literally: sequence_sum)",
-                             choices=("sequence_sum", "token_mean", "sample_mean")),
-}
 
 
 class StageError(RuntimeError):
@@ -76,12 +42,20 @@ class StageError(RuntimeError):
 
 
 def harness_from_config(config, **overrides):
-    """The target harness H0 from `config.harness` (+ `overrides`, e.g. reward_fn)."""
-    from terminal_rsi.agent import HarnessConfig
-
+    """The target harness H0 from `config.harness` (+ `overrides`, e.g. sampling)."""
     return HarnessConfig.from_config(config.harness, **{
-        "name": "H0", "reward_fn": "binary", "verify_backend": config.tasks.backend,
-        **overrides})
+        "name": "H0", "verify_backend": config.tasks.backend, **overrides})
+
+
+def stage_tasks(config, split: str, n_per_family: int | None) -> list:
+    """The tasks of `config.tasks` (suite, families) in `split`; StageError if there are
+    none."""
+    t = config.tasks
+    tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
+                           families=tuple(t.families) or None))
+    if not tasks:
+        raise StageError(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
+    return tasks
 
 
 def task_sandbox(config):
@@ -99,8 +73,6 @@ def demo_action(task, turn: int, style: str = "compact") -> str:
     """The reference solution's turn `turn` as a JSON action (the last turn declares
     completion). compact: {"commands":["..."],"task_complete":b}; full: the harness's
     `reference_action` (analysis, keystrokes, timeout)."""
-    from terminal_rsi.agent import reference_action
-
     if style == "full":
         return reference_action(task, turn)
     sol = task.solution
@@ -112,8 +84,6 @@ def demo_action(task, turn: int, style: str = "compact") -> str:
 def demo_policy(tokenizer, style: str = "compact"):
     """A `ScriptedPolicy` emitting each task's reference solution (`demo_action`); it is
     also the external discovery policy of the tiny default."""
-    from terminal_rsi.agent import ScriptedPolicy
-
     def script(r):
         if r.purpose == "summary":
             return "Summary: following the reference steps."
@@ -122,16 +92,15 @@ def demo_policy(tokenizer, style: str = "compact"):
     return ScriptedPolicy(tokenizer, script)
 
 
+# RSR keeps verified successes: its episodes are scored by the verifier's verdict S alone
+RSR_SCORER = EpisodeScorer("binary")
+
+
 def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) -> list:
     """Run one episode per task, `concurrency` at a time with generation batched across
     episodes (`BatchingPolicy`, as the rollout scheduler does), keeping every episode in
-    input order (the scheduler keeps only the first trainable ones to finish). `harness`:
-    one HarnessConfig, or a list with one per task."""
-    import concurrent.futures as cf
-
-    from terminal_rsi.agent.harness import run_episode
-    from terminal_rsi.agent.scheduler import BatchingPolicy
-
+    input order (the scheduler keeps only the first trainable ones to finish), each scored
+    by `RSR_SCORER`. `harness`: one HarnessConfig, or a list with one per task."""
     if not tasks:
         return []
     batcher = BatchingPolicy(policy)
@@ -142,6 +111,7 @@ def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) ->
         try:
             h = harness[i] if isinstance(harness, list | tuple) else harness
             out[i] = run_episode(task, batcher, sandbox, h)
+            RSR_SCORER(out[i])
         finally:
             batcher.episode_finished()
 
@@ -157,8 +127,6 @@ def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) ->
 def optimizer_config(opt_section, total_steps: int = 0):
     """The OptimizerConfig of an `actor_opt` section; with `schedule = cosine` the lr decays
     over `total_steps` (the stage's SFT steps; 0 or 1 step: constant)."""
-    from terminal_rsi.train_state import OptimizerConfig
-
     cosine = opt_section.schedule == "cosine"
     decay = int(total_steps) if cosine and total_steps > max(1, opt_section.warmup_steps) else 0
     return dataclasses.replace(OptimizerConfig.from_config(opt_section), decay_steps=decay)
@@ -166,8 +134,6 @@ def optimizer_config(opt_section, total_steps: int = 0):
 
 def with_optimizer(state, opt):
     """`state` with a fresh optax chain `opt` (and its zero optimizer state), params kept."""
-    from terminal_rsi.train_state import make_optimizer
-
     tx = make_optimizer(opt)
     return state.replace(tx=tx, opt_state=tx.init(state.params), step=state.step * 0)
 
@@ -176,19 +142,13 @@ def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):
     """A DecoderLM TrainState (init.actor_weights, else model.gguf's weights, else a random
     init from `seed`: `terminal_rsi.models.loading.initial_actor_params`); its optimizer
     follows `opt_section` over `total_steps` SFT steps (`optimizer_config`)."""
-    from terminal_rsi.models.loading import initial_actor_params
-    from terminal_rsi.models.transformer import DecoderLM
-    from terminal_rsi.train_state import create_train_state
-
     opt = optimizer_config(opt_section, total_steps)
     return create_train_state(DecoderLM, mcfg, opt, seed=seed,
                               params=initial_actor_params(config, mcfg))
 
 
 def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
-    from terminal_rsi.agent import SamplerPolicy
-    from terminal_rsi.sampling import Buckets, Sampler
-
+    """A SamplerPolicy of `actor` (its Sampler compiled once per shape, kept in `cache`)."""
     r = config.rollout
     pad = int(tokenizer.pad_id)
     key = ("sampler", mcfg, r.decode_block, r.prefill_chunk, r.cache_multiple, pad)
@@ -207,14 +167,10 @@ def success_by_family(trajs: Sequence) -> dict[str, dict[str, float]]:
 
 
 def write_jsonl(path: str, rows: Sequence[dict]) -> None:
-    from terminal_rsi.atomic import atomic_write_text
-
     atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def write_json(path: str, obj: dict) -> None:
-    from terminal_rsi.atomic import atomic_write_text
-
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 

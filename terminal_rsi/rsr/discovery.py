@@ -26,6 +26,7 @@ from typing import Any
 
 from terminal_rsi.agent.actions import ActionParseError, parse_action
 from terminal_rsi.agent.harness import safe_decode
+from terminal_rsi.rsr.common import collect
 from terminal_rsi.rsr.runbook import ExecutedCommand
 
 PARSE_NOTE = "ERROR: could not parse your reply as an action"
@@ -60,8 +61,6 @@ def discover(tasks: Sequence, variants: Sequence[DiscoveryVariant], *, concurren
     Returns (verified triples, all episodes (each with meta["discovery_harness"]), stats per
     variant: episodes, successes, success_rate, tasks_solved).
     """
-    from terminal_rsi.rsr.common import collect
-
     found: list[Discovered] = []
     episodes: list = []
     stats: dict[str, dict[str, float]] = {}

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from terminal_rsi.agent.harness import safe_decode
 from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
 from terminal_rsi.rsr.runbook import COMMAND_PREFIX, HEADER, Runbook, RunbookError, programs
+from terminal_rsi.tasks.builtin import EmptySnapshot, no_run
 
 REASONS = ("schema", "artifact", "compatibility", "model")
 
@@ -159,10 +160,8 @@ def privileged_strings(task, report: dict | None = None) -> tuple[str, ...]:
     if v.command:
         out.append(v.command)
     if v.kind == "builtin" and v.check is not None:  # the check names carry expected values
-        from terminal_rsi.tasks.builtin import _EmptySnapshot, _no_run
-
         try:
-            out += [str(c.name) for c in v.check(_EmptySnapshot(), _no_run)]
+            out += [str(c.name) for c in v.check(EmptySnapshot(), no_run)]
         except Exception:  # noqa: BLE001 - a check that needs a real workspace: no names
             pass
     for t in (report or {}).get("tests", []) or []:

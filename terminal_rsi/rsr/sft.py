@@ -5,11 +5,11 @@
     actor, rows = train_sft(actor, trajs, step, num_steps=50, batch_size=8, rng=rng)
 
 L_RSR(θ) = -E_Q Σ_j m_j log π_θ(y_j | h_j): `terminal_rsi.losses.sft_loss` on the actor's
-token log-probabilities (`terminal_rsi.ppo_step.actor_logprobs`, the same alignment as PPO),
+token log-probabilities (`terminal_rsi.forward.actor_logprobs`, the same alignment as PPO),
 with m_j = `gen_mask` (the policy-generated decisions; prompt, observation and padding
-positions carry no loss) ∧ `predictable_mask`. The step is jitted with the state donated and
-accumulates gradients exactly over `num_microbatches` slices
-(`terminal_rsi.ppo_step.accumulate_gradients`); it never touches a critic.
+positions carry no loss) ∧ `alignment.predictable_mask`. The step is jitted with the state
+donated and accumulates gradients exactly over `num_microbatches` slices
+(`terminal_rsi.grad_accum.accumulate_gradients`); it never touches a critic.
 
 `train_sft` draws each minibatch uniformly with replacement from the trajectory list, so a
 multiset (Q_clean with multiplicities) is sampled as Unif{...} of Eq. 2, packs it with
@@ -26,8 +26,11 @@ import jax
 import numpy as np
 import optax
 
-from terminal_rsi import ppo_step as ps
-from terminal_rsi.losses import Aggregation, LossParts, sft_loss
+from terminal_rsi.agent import pack_trajectories
+from terminal_rsi.alignment import trained_mask
+from terminal_rsi.forward import actor_logprobs
+from terminal_rsi.grad_accum import accumulate_gradients, apply_gradients, jit_update
+from terminal_rsi.losses import Aggregation, LossParts, safe_divide, sft_loss
 from terminal_rsi.progress import progress
 from terminal_rsi.train_state import TrainState
 
@@ -36,15 +39,15 @@ SFT_KEYS = ("tokens", "positions", "segment_ids", "gen_mask")
 
 def sft_loss_parts(params, graphdef, batch, aggregation: Aggregation) -> LossParts:
     """Eq. 3 loss parts of one (micro)batch: tokens/positions/segment_ids/gen_mask [B, L]."""
-    lp, _ = ps.actor_logprobs(params, graphdef, batch)
-    mask = ps.trained_mask(batch["gen_mask"], batch["segment_ids"])
+    lp, _ = actor_logprobs(params, graphdef, batch)
+    mask = trained_mask(batch["gen_mask"], batch["segment_ids"])
     return sft_loss(lp, mask, aggregation, segment_ids=batch["segment_ids"])
 
 
 def _finalize(parts: LossParts) -> dict:
     tokens = parts.stats["tokens"]
     return {"loss": parts.loss, "tokens": tokens,
-            "nll_per_token": ps.safe_divide(parts.stats["nll_sum"], tokens)}
+            "nll_per_token": safe_divide(parts.stats["nll_sum"], tokens)}
 
 
 def make_sft_step(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
@@ -58,12 +61,12 @@ def make_sft_step(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
     m = int(num_microbatches)
 
     def update(st: TrainState, batch):
-        grads, parts = ps.accumulate_gradients(
+        grads, parts = accumulate_gradients(
             lambda p, mb: sft_loss_parts(p, st.graphdef, mb, aggregation), st.params,
             {k: batch[k] for k in SFT_KEYS}, m)
-        return ps._apply(st, grads), {**_finalize(parts), "grad_norm": optax.tree.norm(grads)}
+        return apply_gradients(st, grads), {**_finalize(parts), "grad_norm": optax.tree.norm(grads)}
 
-    return ps._jit(update, (state,), donate, 1)
+    return jit_update(update, (state,), donate, 1)
 
 
 def make_nll_fn(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
@@ -78,7 +81,7 @@ def make_nll_fn(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
         if m == 1:
             parts = sft_loss_parts(st.params, st.graphdef, mbs, aggregation)
         else:
-            _, parts = ps.accumulate_gradients(
+            _, parts = accumulate_gradients(
                 lambda p, mb: sft_loss_parts(p, st.graphdef, mb, aggregation), st.params,
                 mbs, m)
         return _finalize(parts)
@@ -97,8 +100,6 @@ def sft_batch(trajectories: Sequence, buckets=None, max_len: int | None = None,
     """Pack trajectories into the SFT arrays (SFT_KEYS) with `pack_trajectories`; `width`
     pads every row to that fixed length and `rows` adds empty rows (no supervised token) up
     to that many, so a whole run compiles one shape."""
-    from terminal_rsi.agent import pack_trajectories
-
     packed = pack_trajectories(list(trajectories), buckets=buckets, max_len=max_len)
     out = {k: getattr(packed, k) for k in SFT_KEYS}
     if width is not None:

@@ -47,42 +47,30 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
-from terminal_rsi.configuration import BASE_SCHEMA, EPISODE_SCHEMA, Field
+from terminal_rsi.agent import HarnessConfig, SamplingSettings, write_shard
+from terminal_rsi.checkpoint import export_weights
+from terminal_rsi.losses import Aggregation
+from terminal_rsi.models.loading import import_params, load_model
+from terminal_rsi.models.transformer import critic_params_from_actor
 from terminal_rsi.rsr import common as cm
+from terminal_rsi.rsr.config import RSRConfig
+from terminal_rsi.rsr.discovery import DiscoveryVariant, discover
+from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION, execution_harness, public_view
+from terminal_rsi.rsr.planner import make_planner
+from terminal_rsi.rsr.reviewer import Reviewer, leak_screen, privileged_strings
+from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
+from terminal_rsi.sampling import Buckets
+from terminal_rsi.train_state import TrainState
 
-SCHEMA = {
-    **BASE_SCHEMA, **EPISODE_SCHEMA, **cm.MODEL_SCHEMA, **cm.INIT_SCHEMA,
-    "tasks.train_split": cm.TASK_SCHEMA["tasks.train_split"], **cm.HARNESS_SCHEMA,
-    **cm.ROLLOUT_SCHEMA, **cm.OPT_SCHEMA, **cm.SFT_SCHEMA,
-    "discovery.harnesses": Field(tuple, "complementary harnesses: hints, hot, long, external",
-                                 item_type=str),
-    "discovery.hints": Field(tuple, "hints of the `hints` harness", item_type=str),
-    "discovery.hot_temperature": Field(float, "temperature of the `hot` harness", lo=0.0),
-    "discovery.hot_samples": Field(int, "samples per task of the `hot` harness", lo=1),
-    "discovery.long_factor": Field(int, "budget multiplier of the `long` harness", lo=1),
-    "discovery.max_per_task": Field(int, "verified successes kept per task", lo=1),
-    "planner.kind": Field(str, "digest | policy", choices=("digest", "policy")),
-    "planner.k": Field(int, "K: runbooks sampled per success (policy planner)", lo=1),
-    "planner.max_tokens": Field(int, "max tokens of a sampled runbook", lo=1),
-    "planner.temperature": Field(float, "planner sampling temperature", lo=0.0),
-    "execution.m": Field(int, "M: fresh executions per accepted runbook", lo=1),
-    "sft.epochs": Field(float, "size the SFT by Q_clean: ceil(epochs · |Q_clean| / batch_size) "
-                        "steps, at most sft.steps (None: always sft.steps)", lo=1e-9,
-                        optional=True),
-    "sft.rehearsal_samples": Field(int, "self-rehearsal: samples per training task of the "
-                                   "input actor under H0; its verified successes join Q_clean "
-                                   "in the fine-tune (0: off, the paper)", lo=0),
-    "execution.instruction": Field(str, "I_exec (None: guidance.EXEC_INSTRUCTION)",
-                                   optional=True),
-    "eval.rewritten": Field(bool, "measure success on the rewritten tasks under H0 "
-                            "before and after fine-tuning"),
-    "eval.temperature": Field(float, "temperature of that measurement (0: greedy)", lo=0.0),
-}
+# the experiment's typed config: every setting, its default and what it allows
+# (terminal_rsi.rsr.config); `run` receives an instance built from the ConfigDict
+CONFIG = RSRConfig
 
 
 class CriticChanged(RuntimeError):
@@ -98,9 +86,7 @@ class RSRResult:
 
 
 def discovery_variants(config, actor_policy, tokenizer) -> list:
-    from terminal_rsi.agent import SamplingSettings
-    from terminal_rsi.rsr.discovery import DiscoveryVariant
-
+    """The complementary harnesses of `discovery.harnesses` (module doc, step 1)."""
     d = config.discovery
     h0 = cm.harness_from_config(config)
     out = []
@@ -133,7 +119,7 @@ def sft_steps(sft, q_clean_size: int) -> int:
     ceil(epochs · size / batch_size) capped at `sft.steps` (a handful of accepted runs is not
     fine-tuned for as long as a large Q_clean, which overfits it: NLL → 1e-5 and lower
     held-out success, docs/pipeline.md)."""
-    epochs = sft.get("epochs")
+    epochs = sft.epochs
     if epochs is None or not q_clean_size:
         return int(sft.steps)
     return min(int(sft.steps), max(1, math.ceil(epochs * q_clean_size / sft.batch_size)))
@@ -143,9 +129,6 @@ def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: in
                   exec_instruction: str, sandbox=None) -> tuple[list, list]:
     """M guided executions per (task, runbook, privileged); returns (fresh trajectories with
     meta.accepted / meta.leaks / meta.runbook, Q_clean = accepted public views)."""
-    from terminal_rsi.rsr.guidance import execution_harness, public_view
-    from terminal_rsi.rsr.reviewer import leak_screen
-
     launch, harnesses, info = [], [], []
     for idx, (task, rb, priv) in enumerate(tasks_runbooks):
         h = execution_harness(h0, rb, instruction=exec_instruction)
@@ -174,8 +157,6 @@ def rehearsal_set(policy, h0, tasks, samples: int, concurrency: int, sandbox=Non
     """The verified (S = 1) episodes of `samples` runs per task of `policy` under H0: the
     actor's own successes, replayed next to Q_clean in the fine-tune (`sft.rehearsal_samples`).
     Unguided, so each is its own public view. A discovery pass under H0 alone."""
-    from terminal_rsi.rsr.discovery import DiscoveryVariant, discover
-
     if not samples:
         return []
     found, _, _ = discover(tasks, [DiscoveryVariant("rehearsal", h0, policy, samples)],
@@ -203,189 +184,280 @@ def _tree_equal(a, b) -> bool:
     return True
 
 
-def run_rsr(config: ml_collections.ConfigDict, workdir: str) -> RSRResult:
-    from terminal_rsi.agent import SamplingSettings, write_shard
-    from terminal_rsi.checkpoint import export_weights
-    from terminal_rsi.losses import Aggregation
-    from terminal_rsi.models.loading import import_params, load_model
-    from terminal_rsi.models.transformer import critic_params_from_actor
-    from terminal_rsi.rpr.phase import config_tasks
-    from terminal_rsi.rsr.discovery import discover
-    from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
-    from terminal_rsi.rsr.planner import make_planner
-    from terminal_rsi.rsr.reviewer import Reviewer, privileged_strings
-    from terminal_rsi.rsr.sft import (
-        fixed_width,
-        make_nll_fn,
-        make_sft_step,
-        mean_nll,
-        train_sft,
-    )
-    from terminal_rsi.sampling import Buckets
+@dataclasses.dataclass
+class StageSetup:
+    """What stays fixed over one RSR stage: its config, model, target harness H0, training
+    tasks, sandbox factory, output dirs, the input critic (a host copy, passed through
+    unchanged) with a reference copy to check it against, and the compiled samplers."""
 
-    t_start = time.monotonic()
+    config: Any
+    tokenizer: Any
+    mcfg: Any
+    h0: HarnessConfig
+    tasks: list
+    sandbox: Callable
+    export: str
+    trajdir: str
+    critic_in: Any
+    critic_ref: Any
+    cache: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def concurrency(self) -> int:
+        return self.config.rollout.concurrency
+
+    def policy(self, actor: TrainState, seed: int):
+        """A sampler policy of `actor` (`common.make_sampler_policy`)."""
+        return cm.make_sampler_policy(actor, self.mcfg, self.tokenizer, self.config, seed,
+                                      self.cache)
+
+    def write(self, name: str, trajectories: list) -> None:
+        write_shard(os.path.join(self.trajdir, f"{name}.jsonl"), trajectories)
+
+
+@dataclasses.dataclass
+class Discovered:
+    """Step 1: the verified successes (`found`) of all discovery `episodes`, at most
+    `discovery.max_per_task` of them per task `kept`."""
+
+    found: list
+    episodes: list
+    stats: dict
+    kept: list
+
+
+@dataclasses.dataclass
+class Reviewed:
+    """Steps 2-3: (task, runbook, privileged strings) of the accepted runbooks, how many were
+    planned, and the rejections by reason code."""
+
+    to_run: list
+    n_plans: int
+    rejected: dict
+    rejections: list
+
+
+@dataclasses.dataclass
+class FineTuned:
+    """Step 5: the fine-tuned actor, one metrics row per SFT step, and the mean NLL of the
+    SFT set before and after (None when nothing was trained)."""
+
+    actor: TrainState
+    metrics: list
+    steps: int
+    nll_before: float | None = None
+    nll_after: float | None = None
+
+
+def setup_stage(config, workdir: str) -> tuple[StageSetup, TrainState]:
+    """The stage's setup and its input actor. The critic passes through unchanged (Δφ = 0):
+    init.critic_weights, or `critic_params_from_actor` of the input actor."""
     export, trajdir = cm.stage_dirs(workdir)
     model = load_model(config)  # byte preset, or model.gguf: its tokenizer, template, shape
-    tok, mcfg = model.tokenizer, model.config
-    rng = np.random.default_rng(config.seed)
-    cache: dict = {}
-    actor = cm.create_actor(config, mcfg, config.actor_opt, config.seed)
-    # the critic passes through unchanged (Δφ = 0): a host copy of the input weights
-    critic_in = (import_params(config.init.critic_weights, "critic", mcfg)
-                 if config.init.critic_weights else critic_params_from_actor(actor.params))
-    critic_in = jax.device_get(critic_in)
-    critic_ref = jax.tree.map(lambda x: np.array(x, copy=True), critic_in)
-    h0 = cm.harness_from_config(config)
-    tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family,
-                         cm.StageError)
-    c = config.rollout.concurrency
-    sandbox = cm.task_sandbox(config)
+    actor = cm.create_actor(config, model.config, config.actor_opt, config.seed)
+    critic_in = jax.device_get(
+        import_params(config.init.critic_weights, "critic", model.config)
+        if config.init.critic_weights else critic_params_from_actor(actor.params))
+    setup = StageSetup(config, model.tokenizer, model.config, cm.harness_from_config(config),
+                       cm.stage_tasks(config, config.tasks.train_split,
+                                      config.tasks.n_per_family),
+                       cm.task_sandbox(config), export, trajdir, critic_in,
+                       jax.tree.map(lambda x: np.array(x, copy=True), critic_in))
+    return setup, actor
 
-    # 1. discovery
-    actor_pol = cm.make_sampler_policy(actor, mcfg, tok, config, config.seed, cache)
-    found, episodes, disc_stats = discover(tasks, discovery_variants(config, actor_pol, tok),
-                                           concurrency=c, sandbox=sandbox)
-    write_shard(os.path.join(trajdir, "discovery.jsonl"), episodes)
+
+def keep_per_task(found: list, max_per_task: int) -> list:
+    """The first `max_per_task` successes of each task, in discovery order."""
     per_task: dict[str, int] = {}
     kept = []
     for f in found:
-        if per_task.get(f.task.id, 0) < config.discovery.max_per_task:
+        if per_task.get(f.task.id, 0) < max_per_task:
             per_task[f.task.id] = per_task.get(f.task.id, 0) + 1
             kept.append(f)
-    print(f"[rsr] discovery: {len(found)} verified of {len(episodes)} episodes; "
-          f"{len(per_task)} tasks", flush=True)
+    return kept
 
-    # 2-3. plan and review
-    p = config.planner
+
+def discover_successes(st: StageSetup, actor_pol) -> Discovered:
+    """Step 1: the actor under the complementary harnesses (trajectories/discovery.jsonl)."""
+    found, episodes, stats = discover(st.tasks, discovery_variants(st.config, actor_pol,
+                                                                   st.tokenizer),
+                                      concurrency=st.concurrency, sandbox=st.sandbox)
+    st.write("discovery", episodes)
+    kept = keep_per_task(found, st.config.discovery.max_per_task)
+    print(f"[rsr] discovery: {len(found)} verified of {len(episodes)} episodes; "
+          f"{len({f.task.id for f in kept})} tasks", flush=True)
+    return Discovered(found, episodes, stats, kept)
+
+
+def plan_and_review(st: StageSetup, kept: list, actor_pol) -> Reviewed:
+    """Steps 2-3: runbooks planned from each kept success, then the reviewer's gate."""
+    p = st.config.planner
     planner = make_planner(p.kind, policy=actor_pol, k=p.k, max_tokens=p.max_tokens,
                            temperature=p.temperature)
-    reviewer = Reviewer(h0)
-    rejected = {r: 0 for r in ("schema", "artifact", "compatibility", "model")}
-    rejection_details: list[dict] = []
-    to_run = []
-    n_plans = 0
+    reviewer = Reviewer(st.h0)
+    out = Reviewed([], 0, {r: 0 for r in ("schema", "artifact", "compatibility", "model")}, [])
     for f in kept:
         priv = privileged_strings(f.task, f.trajectory.report)
-        for plan in planner.plan(f.task, f.trajectory, tok):
-            n_plans += 1
+        for plan in planner.plan(f.task, f.trajectory, st.tokenizer):
+            out.n_plans += 1
             if plan.runbook is None:
-                rejected["schema"] += 1
-                rejection_details.append({"task": f.task.id, "reasons": ["schema"],
-                                          "details": [plan.error]})
+                out.rejected["schema"] += 1
+                out.rejections.append({"task": f.task.id, "reasons": ["schema"],
+                                       "details": [plan.error]})
                 continue
             rev = reviewer.review(f.task.instruction, plan.runbook, priv)
             if not rev.accepted:
                 for r in rev.reasons:
-                    rejected[r] += 1
-                rejection_details.append({"task": f.task.id, "reasons": rev.reasons,
-                                          "details": rev.details})
+                    out.rejected[r] += 1
+                out.rejections.append({"task": f.task.id, "reasons": rev.reasons,
+                                       "details": rev.details})
                 continue
-            to_run.append((f.task, plan.runbook, priv))
-    print(f"[rsr] {n_plans} runbooks, {len(to_run)} accepted by the reviewer, rejected "
-          f"{rejected}", flush=True)
+            out.to_run.append((f.task, plan.runbook, priv))
+    print(f"[rsr] {out.n_plans} runbooks, {len(out.to_run)} accepted by the reviewer, "
+          f"rejected {out.rejected}", flush=True)
+    return out
 
-    # 4. fresh execution with private guidance
-    exec_instruction = config.execution.instruction or EXEC_INSTRUCTION
-    fresh, q_clean = fresh_execute(actor_pol, h0, to_run, config.execution.m, tok, c,
-                                   exec_instruction, sandbox)
-    write_shard(os.path.join(trajdir, "fresh.jsonl"), fresh)
-    write_shard(os.path.join(trajdir, "q_clean.jsonl"), q_clean)
-    n_leak = sum(1 for t in fresh if t.S == 1 and t.meta["leaks"])
+
+def execute_runbooks(st: StageSetup, actor_pol, to_run: list) -> tuple[list, list]:
+    """Step 4: fresh execution with private guidance (trajectories/fresh.jsonl) and its
+    accepted public views Q_clean (trajectories/q_clean.jsonl)."""
+    exec_instruction = st.config.execution.instruction or EXEC_INSTRUCTION
+    fresh, q_clean = fresh_execute(actor_pol, st.h0, to_run, st.config.execution.m,
+                                   st.tokenizer, st.concurrency, exec_instruction, st.sandbox)
+    st.write("fresh", fresh)
+    st.write("q_clean", q_clean)
     print(f"[rsr] fresh execution: {len(q_clean)}/{len(fresh)} accepted "
-          f"({n_leak} verified but leaking)", flush=True)
+          f"({leaking(fresh)} verified but leaking)", flush=True)
+    return fresh, q_clean
 
-    # self-rehearsal: the input actor's own verified H0 successes, so that families absent
-    # from a small Q_clean are not forgotten by fine-tuning on it alone
-    rehearsal = rehearsal_set(actor_pol, h0, tasks, config.sft.rehearsal_samples, c,
-                              sandbox)
-    write_shard(os.path.join(trajdir, "rehearsal.jsonl"), rehearsal)
-    sft_set = q_clean + rehearsal
-    if config.sft.rehearsal_samples:
+
+def leaking(fresh: list) -> int:
+    """Fresh executions that passed the verifier but failed the leak screen."""
+    return sum(1 for t in fresh if t.S == 1 and t.meta["leaks"])
+
+
+def rehearse(st: StageSetup, actor_pol) -> list:
+    """Self-rehearsal (`sft.rehearsal_samples`, trajectories/rehearsal.jsonl): the input
+    actor's own verified H0 successes, so that families absent from a small Q_clean are not
+    forgotten by fine-tuning on it alone."""
+    samples = st.config.sft.rehearsal_samples
+    rehearsal = rehearsal_set(actor_pol, st.h0, st.tasks, samples, st.concurrency, st.sandbox)
+    st.write("rehearsal", rehearsal)
+    if samples:
         print(f"[rsr] self-rehearsal: {len(rehearsal)} verified H0 successes of "
-              f"{len(tasks) * config.sft.rehearsal_samples} samples", flush=True)
+              f"{len(st.tasks) * samples} samples", flush=True)
+    return rehearsal
 
-    # rewritten tasks (those with a clean sample): success under H0 before fine-tuning
-    rewritten_ids = sorted({t.task_id for t in q_clean})
-    rewritten = [t for t in tasks if t.id in rewritten_ids]
-    eval_h = dataclasses.replace(h0, sampling=SamplingSettings(
-        temperature=config.eval.temperature))
 
-    def success_on_rewritten(seed):
-        if not (config.eval.rewritten and rewritten):
-            return None
-        pol = cm.make_sampler_policy(actor, mcfg, tok, config, seed, cache)
-        return float(np.mean([t.S for t in cm.collect(pol, eval_h, rewritten, c,
-                                                      sandbox)]))
+def rewritten_success(st: StageSetup, actor: TrainState, rewritten: list,
+                      seed: int) -> float | None:
+    """Success of `actor` under H0 at `eval.temperature` on the rewritten tasks (None with
+    `eval.rewritten` off or no rewritten task)."""
+    if not (st.config.eval.rewritten and rewritten):
+        return None
+    eval_h = dataclasses.replace(st.h0, sampling=SamplingSettings(
+        temperature=st.config.eval.temperature))
+    trajs = cm.collect(st.policy(actor, seed), eval_h, rewritten, st.concurrency, st.sandbox)
+    return float(np.mean([t.S for t in trajs]))
 
-    before = success_on_rewritten(config.seed + 11)
 
-    # 5. fine-tune on Q_clean (Eq. 3), critic untouched
-    s = config.sft
-    buckets = Buckets(cache_multiple=config.rollout.cache_multiple,
-                      batch_multiple=s.num_microbatches, power_of_two=False)
-    agg = Aggregation(s.aggregation)
-    metrics: list[dict] = []
-    nll_before = nll_after = None
+def finetune(st: StageSetup, actor: TrainState, sft_set: list,
+             rng: np.random.Generator) -> FineTuned:
+    """Step 5: Eq. 3 on `sft_set` for `sft_steps` steps; the critic is not touched."""
+    s = st.config.sft
     n_steps = sft_steps(s, len(sft_set))
-    if sft_set and n_steps:
-        width = fixed_width(sft_set, config.rollout.cache_multiple)
-        nll_fn = make_nll_fn(agg)
-        nll_before = mean_nll(actor, sft_set, nll_fn, batch_size=s.batch_size,
-                              buckets=buckets, width=width)
-        # the lr schedule spans this stage's SFT steps (known only now: they depend on Q_clean)
-        actor = cm.with_optimizer(actor, cm.optimizer_config(config.actor_opt, n_steps))
-        step_fn = make_sft_step(agg, s.num_microbatches, state=actor)
-        actor, metrics = train_sft(actor, sft_set, step_fn, num_steps=n_steps,
-                                   batch_size=s.batch_size, rng=rng, buckets=buckets,
-                                   width=width)
-        nll_after = mean_nll(actor, sft_set, nll_fn, batch_size=s.batch_size,
-                             buckets=buckets, width=width)
-    else:
-        metrics = [{"step": 0, "skipped": "empty Q_clean" if not sft_set else "sft.steps=0"}]
-    cm.write_jsonl(os.path.join(workdir, "metrics.jsonl"), metrics)
-    after = success_on_rewritten(config.seed + 12)
+    if not (sft_set and n_steps):
+        return FineTuned(actor, [{"step": 0, "skipped": "empty Q_clean" if not sft_set
+                                  else "sft.steps=0"}], 0)
+    agg = Aggregation(s.aggregation)
+    buckets = Buckets(cache_multiple=st.config.rollout.cache_multiple,
+                      batch_multiple=s.num_microbatches, power_of_two=False)
+    width = fixed_width(sft_set, st.config.rollout.cache_multiple)
+    nll_fn = make_nll_fn(agg)
 
-    export_weights(export, "actor", actor.params, force=True)
-    export_weights(export, "critic", critic_in, force=True)
-    critic_out = jax.device_get(import_params(export, "critic", mcfg))
-    identical = _tree_equal(critic_ref, critic_in) and _tree_equal(critic_ref, critic_out)
-    if not identical:
+    def nll(state):
+        return mean_nll(state, sft_set, nll_fn, batch_size=s.batch_size, buckets=buckets,
+                        width=width)
+
+    nll_before = nll(actor)
+    # the lr schedule spans this stage's SFT steps (known only now: they depend on Q_clean)
+    actor = cm.with_optimizer(actor, cm.optimizer_config(st.config.actor_opt, n_steps))
+    step_fn = make_sft_step(agg, s.num_microbatches, state=actor)
+    actor, metrics = train_sft(actor, sft_set, step_fn, num_steps=n_steps,
+                               batch_size=s.batch_size, rng=rng, buckets=buckets, width=width)
+    return FineTuned(actor, metrics, n_steps, nll_before, nll(actor))
+
+
+def export_weights_checked(st: StageSetup, actor: TrainState) -> bool:
+    """Export the fine-tuned actor and the input critic; the critic, and the critic read
+    back, must be bit-identical to the input (Δφ = 0), else `CriticChanged`."""
+    export_weights(st.export, "actor", actor.params, force=True)
+    export_weights(st.export, "critic", st.critic_in, force=True)
+    critic_out = jax.device_get(import_params(st.export, "critic", st.mcfg))
+    if not (_tree_equal(st.critic_ref, st.critic_in)
+            and _tree_equal(st.critic_ref, critic_out)):
         raise CriticChanged("the exported critic differs from the stage's input critic; an "
                             "RSR stage must leave the critic unchanged (Δφ = 0)")
+    return True
 
-    fams, rfams = _per_family(q_clean), _per_family(rehearsal)
-    summary = {
-        "tasks": len(tasks),
-        "discovery": disc_stats,
-        "discovery_verified": len(found),
-        "discovery_kept": len(kept),
-        "runbooks": n_plans,
-        "runbooks_accepted": len(to_run),
-        "runbooks_rejected": rejected,
-        "rejections": rejection_details[:50],
+
+def rsr_summary(st: StageSetup, disc: Discovered, rev: Reviewed, fresh: list, q_clean: list,
+                rehearsal: list, ft: FineTuned, success: tuple, identical: bool) -> dict:
+    """summary.json of the stage (module doc); `success`: rewritten-task success under H0
+    (before, after) fine-tuning."""
+    return {
+        "tasks": len(st.tasks),
+        "discovery": disc.stats,
+        "discovery_verified": len(disc.found),
+        "discovery_kept": len(disc.kept),
+        "runbooks": rev.n_plans,
+        "runbooks_accepted": len(rev.to_run),
+        "runbooks_rejected": rev.rejected,
+        "rejections": rev.rejections[:50],
         "fresh_executions": len(fresh),
         "fresh_verified": sum(t.S for t in fresh),
-        "fresh_leaks": n_leak,
+        "fresh_leaks": leaking(fresh),
         "fresh_acceptance_rate": len(q_clean) / len(fresh) if fresh else None,
         "q_clean_size": len(q_clean),
-        "q_clean_per_family": fams,
-        "q_clean_unique_tasks": len(rewritten_ids),
+        "q_clean_per_family": _per_family(q_clean),
+        "q_clean_unique_tasks": len({t.task_id for t in q_clean}),
         "rehearsal_size": len(rehearsal),
-        "rehearsal_per_family": rfams,
-        "nll_before": nll_before,
-        "nll_after": nll_after,
-        "rewritten_success_before": before,
-        "rewritten_success_after": after,
-        "sft_steps": n_steps if sft_set else 0,
+        "rehearsal_per_family": _per_family(rehearsal),
+        "nll_before": ft.nll_before,
+        "nll_after": ft.nll_after,
+        "rewritten_success_before": success[0],
+        "rewritten_success_after": success[1],
+        "sft_steps": ft.steps,
         "critic_bit_identical": identical,
-        "planner": p.kind,
-        "wall_s": time.monotonic() - t_start,
+        "planner": st.config.planner.kind,
     }
+
+
+def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
+    """One RSR stage (module doc): discover, plan and review, execute fresh, fine-tune the
+    actor on Q_clean, export (critic unchanged), summarize."""
+    t_start = time.monotonic()
+    st, actor = setup_stage(config, workdir)
+    actor_pol = st.policy(actor, config.seed)
+    disc = discover_successes(st, actor_pol)
+    rev = plan_and_review(st, disc.kept, actor_pol)
+    fresh, q_clean = execute_runbooks(st, actor_pol, rev.to_run)
+    rehearsal = rehearse(st, actor_pol)
+    # the rewritten tasks (those with a clean sample): success under H0 before and after
+    rewritten_ids = {t.task_id for t in q_clean}
+    rewritten = [t for t in st.tasks if t.id in rewritten_ids]
+    before = rewritten_success(st, actor, rewritten, config.seed + 11)
+    ft = finetune(st, actor, q_clean + rehearsal, np.random.default_rng(config.seed))
+    cm.write_jsonl(os.path.join(workdir, "metrics.jsonl"), ft.metrics)
+    after = rewritten_success(st, ft.actor, rewritten, config.seed + 12)
+    identical = export_weights_checked(st, ft.actor)
+    summary = {**rsr_summary(st, disc, rev, fresh, q_clean, rehearsal, ft, (before, after),
+                             identical), "wall_s": time.monotonic() - t_start}
     cm.write_json(os.path.join(workdir, "summary.json"), summary)
-    return RSRResult(summary, q_clean, actor, critic_in)
+    return RSRResult(summary, q_clean, ft.actor, st.critic_in)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def run(config: RSRConfig, workdir: str) -> dict:
     res = run_rsr(config, workdir)
     s = res.summary
     print(f"[rsr] done: Q_clean {s['q_clean_size']} ({s['q_clean_per_family']}), NLL "

@@ -136,7 +136,7 @@ _TOOL_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 def docker_client(timeout: int = 120):
     """A Docker SDK client; InfrastructureError if the engine is unreachable."""
-    import docker
+    import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
 
     try:
         client = docker.from_env(timeout=timeout)
@@ -157,7 +157,7 @@ def docker_available() -> bool:
 
 
 def _map_error(e: Exception, what: str) -> SandboxError:
-    import docker
+    import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
     import requests
 
     if isinstance(e, SandboxError):
@@ -242,7 +242,7 @@ def _disk_base() -> str:
     return tempfile.gettempdir()
 
 
-def _make_disk(sid: str, disk_mb: int) -> str:
+def make_disk(sid: str, disk_mb: int) -> str:
     """Mount a tmpfs of ``disk_mb`` with ws/, tmp/ and shm/ and an owner record; its path."""
     root = os.path.join(_disk_base(), DISK_PREFIX + sid)
     os.mkdir(root, 0o700)
@@ -261,7 +261,7 @@ def _make_disk(sid: str, disk_mb: int) -> str:
         with os.fdopen(fd, "w") as f:
             json.dump(procs.owner_identity(), f)
     except BaseException:
-        _remove_disk(root)
+        remove_disk(root)
         raise
     return root
 
@@ -272,7 +272,7 @@ def _is_disk_path(path: str) -> bool:
             and all(ch.isalnum() or ch == "-" for ch in name[len(DISK_PREFIX):]))
 
 
-def _remove_disk(root: str) -> None:
+def remove_disk(root: str) -> None:
     """Unmount (lazily: a container still holding it keeps it until it goes) and remove."""
     if not root or not _is_disk_path(root):
         return
@@ -304,11 +304,12 @@ class _Box:
         try:
             self.container.remove(force=True, v=True)
         except Exception as e:  # noqa: BLE001
+            # the Docker SDK: an optional engine, loaded when a Docker backend is used
             import docker
 
             if not isinstance(e, docker.errors.NotFound):
                 log.warning("removing container %s failed: %s", self.id[:12], e)
-        _remove_disk(self.disk)
+        remove_disk(self.disk)
 
 
 def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
@@ -316,7 +317,7 @@ def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
     global _shared_disk
     if _shared_disk_possible(client):
         try:
-            disk = _make_disk(sid, spec.disk_mb)
+            disk = make_disk(sid, spec.disk_mb)
         except OSError as e:
             _shared_disk = False
             _note_split(f"mounting a tmpfs failed ({e})")
@@ -324,18 +325,19 @@ def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
             try:
                 return _Box(_run_container(client, spec, sid, disk), disk)
             except BadRequest as e:
-                _remove_disk(disk)
+                remove_disk(disk)
                 if "bind source path does not exist" not in str(e):
                     raise
                 _shared_disk = False
                 _note_split("the daemon does not see this host's mounts")
             except BaseException:
-                _remove_disk(disk)
+                remove_disk(disk)
                 raise
     return _Box(_run_container(client, spec, sid, ""), "")
 
 
 def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
+    # the Docker SDK: an optional engine, loaded when a Docker backend is used
     from docker.types import Mount, Ulimit
 
     if disk:
@@ -368,7 +370,7 @@ def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
         container.start()
         return container
     except Exception as e:  # noqa: BLE001
-        import docker
+        import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
 
         if isinstance(e, docker.errors.ImageNotFound):
             raise BadRequest(
@@ -439,7 +441,7 @@ def sweep_stale(client=None, *, once: bool = False, min_age_s: float = 60.0) -> 
             except OSError:
                 stale = False
         if stale:
-            _remove_disk(root)
+            remove_disk(root)
             n += 1
     return n
 
@@ -458,7 +460,7 @@ def remove_containers(client=None, pid: int | None = None) -> int:
             n += 1
         except Exception:  # noqa: BLE001
             continue
-        _remove_disk((c.labels or {}).get(DISK_LABEL, ""))
+        remove_disk((c.labels or {}).get(DISK_LABEL, ""))
     return n
 
 

@@ -102,7 +102,7 @@ def _docker():
 
 
 def _has_image(client, tag: str):
-    import docker
+    import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
 
     try:
         return client.images.get(tag)
@@ -205,7 +205,7 @@ def build_default_image(tag: str = DEFAULT_IMAGE, *, force: bool = False,
 
 def build_task_image(context_dir: str, tag: str, *, dockerfile: str = "Dockerfile") -> str:
     """Build a task's own Dockerfile (``FROM terminal-rsi-sandbox:bookworm``), offline."""
-    import docker
+    import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
 
     client = _docker()
     try:

@@ -15,6 +15,8 @@
   ``BadRequest`` (the caller's fault, including every 4xx answer of a server) never
   marks an endpoint down. ``pool.health()`` checks all endpoints now; ``pool.up()``
   says which are up without checking.
+- `host_pool(urls)`: one process-wide pool per comma-separated list of bridge URLs (how
+  ``open_sandbox`` serves such a backend).
 - Retries: only *sandbox creation* is retried, only on infrastructure errors
   (connection refused, 5xx, busy, engine gone), with exponential backoff, up to
   ``retries`` attempts in all, moving to other endpoints. Calls on an open
@@ -26,10 +28,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from terminal_rsi.sandbox.backends import open_backend
 from terminal_rsi.sandbox.base import ExecResult, Sandbox, SandboxSpec
 from terminal_rsi.sandbox.errors import (
     BadRequest,
@@ -37,6 +41,7 @@ from terminal_rsi.sandbox.errors import (
     SandboxBusy,
     SandboxError,
 )
+from terminal_rsi.sandbox.remote import BridgeClient, RemoteSandbox
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +55,6 @@ class Endpoint:
         self.remote = target.startswith(("http://", "https://"))
         self.client = None
         if self.remote:
-            from terminal_rsi.sandbox.remote import BridgeClient
-
             self.client = BridgeClient(target, token=token, token_file=token_file,
                                        timeout=timeout)
         self.active = 0
@@ -60,12 +63,8 @@ class Endpoint:
 
     def open(self, spec: SandboxSpec) -> Sandbox:
         if self.remote:
-            from terminal_rsi.sandbox.remote import RemoteSandbox
-
             return RemoteSandbox.create(self.client, spec)
-        from terminal_rsi.sandbox import open_sandbox
-
-        return open_sandbox(spec, backend=self.target)
+        return open_backend(spec, self.target)
 
     def check(self) -> bool:
         if not self.remote:
@@ -249,3 +248,29 @@ class SandboxPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_POOLS: dict = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def host_pool(backend: str, token: str | None = None, token_file: str | None = None,
+              timeout: float = 30.0) -> SandboxPool:
+    """The process-wide `SandboxPool` for a comma-separated list of bridge URLs.
+
+    The token comes from `token` / `token_file`, else env TERMINAL_RSI_SANDBOX_TOKEN(_FILE)
+    (see `remote.load_token`); the concurrency limit from env
+    TERMINAL_RSI_SANDBOX_MAX_CONCURRENT (default 256; the rollout scheduler limits it too).
+    """
+    urls = tuple(u.strip() for u in backend.split(",") if u.strip())
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad or not urls:
+        raise BadRequest(f"sandbox backend {backend!r}: a list of hosts must be http(s):// "
+                         f"bridge URLs separated by commas; not URLs: {bad}")
+    key = (urls, token, token_file, timeout)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            limit = int(os.environ.get("TERMINAL_RSI_SANDBOX_MAX_CONCURRENT", "256"))
+            _POOLS[key] = SandboxPool(list(urls), max_concurrent=limit, token=token,
+                                      token_file=token_file, timeout=timeout)
+        return _POOLS[key]

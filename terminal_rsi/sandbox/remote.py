@@ -120,7 +120,7 @@ class BridgeClient:
 
     def __init__(self, url: str, token: str | None = None, token_file: str | None = None,
                  timeout: float = 30.0, client_id: str | None = None):
-        import httpx
+        import httpx  # the HTTP client: an optional engine, loaded when a bridge is used
 
         self.url = url.rstrip("/")
         self.timeout = timeout
@@ -132,7 +132,7 @@ class BridgeClient:
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
     def request(self, method: str, path: str, *, timeout: float | None = None, **kw):
-        import httpx
+        import httpx  # the HTTP client: an optional engine, loaded when a bridge is used
 
         try:
             r = self._http.request(method, path, timeout=timeout or self.timeout, **kw)

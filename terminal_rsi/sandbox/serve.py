@@ -47,6 +47,8 @@ that only its owner may read (``chmod 600``).
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import dataclasses
 import hmac
 import json
@@ -61,8 +63,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
+from terminal_rsi.sandbox.backends import BACKENDS, open_backend
 from terminal_rsi.sandbox.base import (
     MAX_COMMAND_BYTES,
     MAX_CPUS,
@@ -77,6 +81,7 @@ from terminal_rsi.sandbox.base import (
     check_text,
     safe_relpath,
 )
+from terminal_rsi.sandbox.docker_backend import DockerBackend
 from terminal_rsi.sandbox.errors import (
     BadRequest,
     InfrastructureError,
@@ -84,6 +89,7 @@ from terminal_rsi.sandbox.errors import (
     SandboxError,
     SandboxLost,
 )
+from terminal_rsi.sandbox.local import PLAIN_MODE_NOTE, bwrap_available, sweep_stale
 from terminal_rsi.sandbox.remote import SANDBOX_ID, read_secret_file
 
 log = logging.getLogger(__name__)
@@ -228,8 +234,6 @@ def plain_mode(backend: str, allow_plain: bool) -> bool:
                              "weaker mode anyway, or use --backend=local-bwrap or docker")
         return True
     if backend == "local":
-        from terminal_rsi.sandbox.local import bwrap_available
-
         if not bwrap_available():
             if not allow_plain:
                 raise BadRequest("bubblewrap is not usable on this host, so --backend=local "
@@ -395,9 +399,6 @@ def parse_spec(data: Any, limits: ServerLimits) -> SandboxSpec:
 
 def _parse_files(files: Any, disk_mb: int) -> dict[str, bytes]:
     """spec.files: workspace-relative path -> strict base64, within the member and disk caps."""
-    import base64
-    import binascii
-
     if not isinstance(files, dict):
         raise BadRequest("spec.files must be a JSON object of workspace path -> base64 text")
     max_members = TarLimits().max_members
@@ -468,8 +469,6 @@ class SandboxManager:
     def __init__(self, backend: str = "local", max_sandboxes: int = 64, ttl_s: float = 900.0,
                  base_dir: str | None = None, warm: int = 0,
                  limits: ServerLimits | None = None, allow_plain: bool = False):
-        from terminal_rsi.sandbox import BACKENDS
-
         if backend not in BACKENDS:
             raise BadRequest(f"unknown backend {backend!r}; choose one of {BACKENDS}")
         self.backend = backend
@@ -481,8 +480,6 @@ class SandboxManager:
         self.plain = plain_mode(backend, allow_plain)
         self._docker = None
         if backend == "docker":
-            from terminal_rsi.sandbox.docker_backend import DockerBackend
-
             self._docker = DockerBackend(warm=warm)
         if base_dir is not None and backend.startswith("local"):
             self._clean_stale(base_dir)
@@ -496,8 +493,6 @@ class SandboxManager:
     def _clean_stale(base_dir: str) -> None:
         """Remove what a killed predecessor left in ``base_dir`` (its processes, tmpfs
         mounts, workspaces and cgroups; `local.sweep_stale` keeps live owners' sandboxes)."""
-        from terminal_rsi.sandbox.local import sweep_stale
-
         os.makedirs(base_dir, exist_ok=True)
         sweep_stale(base_dir, min_age_s=0.0)
 
@@ -515,9 +510,7 @@ class SandboxManager:
             if self._docker is not None:
                 sb = self._docker.open(spec)
             else:
-                from terminal_rsi.sandbox import open_sandbox
-
-                sb = open_sandbox(spec, backend=self.backend, base_dir=self.base_dir,
+                sb = open_backend(spec, self.backend, base_dir=self.base_dir,
                                   allow_plain=self.allow_plain)
         finally:
             with self._lock:
@@ -589,6 +582,7 @@ _STATUS = {"bad_request": 400, "lost": 410, "busy": 503, "infrastructure": 502,
 def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes: int = 64 << 20,
               reap_interval_s: float | None = None):
     """The Starlette application (also used in-process by tests); limits: ``manager.limits``."""
+    # the web framework, imported here: only the bridge server process needs it
     import anyio.to_thread
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -730,8 +724,6 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
             except Exception:  # noqa: BLE001
                 log.exception("reaper")
 
-    from contextlib import asynccontextmanager
-
     @asynccontextmanager
     async def lifespan(app):
         limiter = anyio.to_thread.current_default_thread_limiter()
@@ -806,11 +798,9 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxError as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     if manager.plain:
-        from terminal_rsi.sandbox.local import PLAIN_MODE_NOTE
-
         log.warning("--allow-plain: serving %s; %s", args.backend, PLAIN_MODE_NOTE)
 
-    import uvicorn
+    import uvicorn  # the HTTP server engine: only the bridge server process needs it
 
     app = build_app(manager, tokens, int(args.max_request_mb * (1 << 20)))
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)

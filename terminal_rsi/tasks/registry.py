@@ -17,6 +17,8 @@ import itertools
 import os
 from collections.abc import Iterator, Sequence
 
+from terminal_rsi.tasks import builtin as b
+from terminal_rsi.tasks.harbor import load_task_dirs
 from terminal_rsi.tasks.spec import Task
 
 SPLITS = ("train", "test", "heldout_families", "all")
@@ -24,8 +26,6 @@ SPLITS = ("train", "test", "heldout_families", "all")
 
 def builtin_split(split: str) -> tuple[tuple[str, ...], object]:
     """(families, seed predicate) for a built-in split."""
-    from terminal_rsi.tasks import builtin as b
-
     if split == "train":
         return b.TRAIN_FAMILIES, lambda f, s: not b.heldout_seed(f, s)
     if split == "test":
@@ -41,8 +41,6 @@ def get_suite(name: str, split: str = "train", *, n_per_family: int | None = Non
               families: Sequence[str] | None = None, start_seed: int = 0) -> Iterator[Task]:
     """Iterate the tasks of suite `name` and `split` (see module doc)."""
     if name == "builtin":
-        from terminal_rsi.tasks.builtin import make_task
-
         fams, keep = builtin_split(split)
         if families:
             unknown = set(families) - set(fams)
@@ -50,12 +48,10 @@ def get_suite(name: str, split: str = "train", *, n_per_family: int | None = Non
                 raise ValueError(f"families {sorted(unknown)} are not in split {split!r}: "
                                  f"{list(fams)}")
             fams = tuple(f for f in fams if f in families)
-        return _builtin_iter(fams, keep, n_per_family, start_seed, make_task)
+        return _builtin_iter(fams, keep, n_per_family, start_seed, b.make_task)
     if os.path.isdir(name):
         if split != "all":
             raise ValueError(f"a task directory suite has only split 'all', got {split!r}")
-        from terminal_rsi.tasks.harbor import load_task_dirs
-
         return iter(load_task_dirs(name))
     raise ValueError(f"unknown suite {name!r}: use 'builtin' or a directory of task dirs")
 

@@ -55,6 +55,14 @@ from terminal_rsi.rewards import (
     success_from_exit_code,
     success_from_reward,
 )
+from terminal_rsi.sandbox import (
+    PLAIN_POLICIES,
+    BadRequest,
+    SandboxError,
+    SandboxSpec,
+    open_sandbox,
+)
+from terminal_rsi.sandbox import image as image_mod
 from terminal_rsi.tasks.spec import EnvironmentUnavailable, Task
 
 VERIFIER_DIR_PREFIX = ".trsi_verifier"
@@ -123,8 +131,6 @@ DEFAULT_BACKEND = "local"
 
 
 def _spec_for(task: Task, image: str | None):
-    from terminal_rsi.sandbox import SandboxSpec
-
     env = task.environment
     kw: dict[str, Any] = {"env": dict(env.env), "network": bool(env.network)}
     if image:
@@ -152,8 +158,6 @@ def task_image(task: Task, backend: str) -> str | None:
     env = task.environment
     if backend != "docker":
         return None
-    from terminal_rsi.sandbox import image as image_mod
-
     if env.dockerfile is None:
         if env.image:
             _require_image(task, env.image)
@@ -209,8 +213,6 @@ def plain_allowed(task: Task, allow_plain: bool | str) -> bool:
     ``tasks.allow_plain_sandbox``), or a bool: True for "always", False for "never".
     "builtin" admits only the built-in tasks: a task directory from disk is untrusted input.
     """
-    from terminal_rsi.sandbox import PLAIN_POLICIES, BadRequest
-
     policy = {True: "always", False: "never"}.get(allow_plain, allow_plain)
     if policy not in PLAIN_POLICIES:
         raise BadRequest(f"plain sandbox policy {allow_plain!r}; choose one of {PLAIN_POLICIES}")
@@ -224,8 +226,6 @@ def check_plain_allowed(task: Task, backend: str, allow_plain: bool | str) -> No
     task directory needs the policy "always". ``local`` itself falls back to plain only where
     `plain_allowed` (see ``LocalSandbox``).
     """
-    from terminal_rsi.sandbox import BadRequest
-
     if backend == "local-plain" and task.format != "builtin" and not plain_allowed(
             task, allow_plain):
         raise BadRequest(
@@ -247,8 +247,6 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
     cannot do, a RUN step that fails on the local host userland, or an image that is
     neither present nor buildable; BadRequest if plain mode is needed and not allowed.
     """
-    from terminal_rsi.sandbox import open_sandbox
-
     env = task.environment
     if env.compose_file:
         raise EnvironmentUnavailable(
@@ -386,8 +384,6 @@ class ArtifactsRefused(Exception):
 
 def _place(put, data, what: str) -> None:
     """``put(data)`` into a verifier workspace; a refusal (BadRequest) is ArtifactsRefused."""
-    from terminal_rsi.sandbox import BadRequest
-
     try:
         put(data)
     except BadRequest as e:
@@ -402,8 +398,6 @@ def collect_artifacts(task: Task, sb) -> bytes:
     so whatever the agent leaves in its workspace never turns a verdict into an error.
     Raises ArtifactsRefused when the workspace exceeds the download caps.
     """
-    from terminal_rsi.sandbox import BadRequest
-
     paths = task.verifier.artifacts or (".",)
     if paths == (".",):
         try:
@@ -581,8 +575,6 @@ def verify(
     Raises:
       VerifierError: timeout, crash or infrastructure failure (no verdict; not a 0).
     """
-    from terminal_rsi.sandbox import SandboxError, open_sandbox
-
     t0 = time.monotonic()
     ver = task.verifier
     mode = mode or ver.mode

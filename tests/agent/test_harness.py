@@ -13,6 +13,7 @@ from terminal_rsi.agent import (
 )
 from terminal_rsi.agent.harness import reference_action, run_episode
 from terminal_rsi.models.tokenizer import ByteTokenizer
+from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.sampling import Buckets
 from terminal_rsi.sandbox import BadRequest, InfrastructureError, SandboxLost
 from terminal_rsi.tasks import get_suite, open_task_sandbox
@@ -32,7 +33,10 @@ def test_reference_policy_reaches_success(family):
     task = _task(family)
     traj = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(max_turns=6))
     assert traj.terminal_reason == TerminalReason.DECLARED_COMPLETE, traj.error
-    assert traj.S == 1 and traj.P == traj.N > 0 and traj.reward > 0
+    assert traj.S == 1 and traj.P == traj.N > 0
+    # the harness records the report and does not score; the stage's scorer does
+    assert (traj.reward, traj.reward_fn) == (0.0, "")
+    assert EpisodeScorer("fdr")(traj) > 0 and traj.reward_fn == "fdr"
     assert len(traj.turns) == len(task.solution) == traj.declared_complete_turn + 1
     assert traj.report["valid"] and traj.report["strict_success"]
     # token-in/token-out: every turn's sampled ids decode to the action it took
@@ -92,12 +96,12 @@ def test_harness_from_config_section():
                "summarize_threshold": None, "agent_timeout_s": None, "temperature": 0.6,
                "top_p": 0.9, "system_prompt": None, "max_observation_chars": 300,
                "max_parse_errors": 1, "action_style": "compact"}
-    h = HarnessConfig.from_config(section, name="eval", reward_fn="binary")
+    h = HarnessConfig.from_config(section, name="eval")
     assert (h.name, h.max_turns, h.max_output_tokens, h.max_input_tokens) == ("eval", 3, 64, 512)
     assert h.summarize_threshold is None and h.agent_timeout_s is None
     assert h.max_observation_chars == 300 and h.max_parse_errors == 1
     assert (h.sampling.temperature, h.sampling.top_p) == (0.6, 0.9)
-    assert h.system_prompt == HarnessConfig().system_prompt and h.reward_fn == "binary"
+    assert h.system_prompt == HarnessConfig().system_prompt
     h2 = HarnessConfig.from_config({**section, "system_prompt": "Be brief."}, max_turns=1)
     assert h2.system_prompt == "Be brief." and h2.max_turns == 1
     # keys the section lacks keep the HarnessConfig defaults

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from terminal_rsi.agent import read_shard
+from terminal_rsi.agent import HarnessConfig, read_shard
 from terminal_rsi.configuration import ConfigError, validate_config
 from terminal_rsi.registry import get_experiment
 
@@ -25,7 +25,7 @@ def test_rollouts_experiment_writes_shard_and_stats(tmp_path):
     config.rollout.progress = False
     exp = get_experiment("rollouts")
     validate_config(config, exp.SCHEMA)
-    stats = exp.run(config, str(tmp_path))
+    stats = exp.run(config, str(tmp_path))  # builds the typed RolloutsConfig first
     assert stats["kept"] == 2 and stats["success_rate"] == 1.0
     trajs = read_shard(tmp_path / "trajectories" / "shard-00000.jsonl")
     assert len(trajs) >= 2 and all(t.S == 1 for t in trajs)
@@ -37,3 +37,10 @@ def test_rollouts_config_is_validated():
     config.policy.kind = "gpt"
     with pytest.raises(ConfigError, match="policy.kind"):
         validate_config(config, get_experiment("rollouts").SCHEMA)
+
+
+def test_rollouts_sample_at_the_harness_temperature():
+    config = _config()
+    config.harness.temperature = 0.5
+    cfg = get_experiment("rollouts").check(config)
+    assert HarnessConfig.from_config(cfg.harness).sampling.temperature == 0.5

@@ -24,6 +24,7 @@ from terminal_rsi.agent.scheduler import (
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
+from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors, VerificationReport, fdr
 from terminal_rsi.sampling import Buckets, Sampler
 from terminal_rsi.tasks import get_suite
 
@@ -51,6 +52,28 @@ def test_collect_reference_batch_all_succeed_and_batches_generation():
     assert res.stats["generated_tokens"] == sum(t.num_generated for t in res.trajectories)
     batch = pack_trajectories(res.trajectories)
     assert batch.num_rows == 4 and batch.dones.sum() == 4
+
+
+def test_the_stage_scorer_scores_every_episode_before_the_stats():
+    """The harness records the verifier's report; the scheduler applies the stage's reward
+    (FDR with its frozen divisors) to each finished episode, so stats see the scores."""
+    wrong = ScriptedPolicy(TOK, lambda r: '{"commands": [{"keystrokes": "true"}], '
+                                          '"task_complete": true}')
+    divisors = FamilyDivisors(divisors={"create_file": 2.0})
+    for policy in (ReferencePolicy(TOK), wrong):
+        unscored = RolloutScheduler(policy, HarnessConfig(max_turns=2),
+                                    config=SchedulerConfig(concurrency=2, oversample=0.0))
+        scored = RolloutScheduler(policy, HarnessConfig(max_turns=2),
+                                  config=SchedulerConfig(concurrency=2, oversample=0.0),
+                                  scorer=EpisodeScorer("fdr", divisors))
+        plain, res = unscored.collect(_tasks(2), 2), scored.collect(_tasks(2), 2)
+        assert all((t.reward, t.reward_fn) == (0.0, "") for t in plain.trajectories)
+        for t in res.trajectories:
+            report = VerificationReport.from_dict(t.report)
+            want = fdr(report, "create_file", divisors)  # the scalar Eq. 6 directly
+            assert t.reward_fn == "fdr" and t.reward == pytest.approx(want)
+        assert res.stats["mean_reward_kept"] == pytest.approx(
+            np.mean([t.reward for t in res.trajectories]))
 
 
 def _slow_task_script(slow_id):

@@ -37,8 +37,8 @@ def test_every_field_of_every_config_has_a_row_with_its_default(text):
         for field, value in flatten(config).items():
             name = group(field) or field
             row = next(ln for ln in section.splitlines() if ln.startswith(f"| `{name}` |"))
-            assert configdoc._cell(configdoc._fmt(value)) in row
-            assert configdoc._cell(schema[field].doc) in row
+            assert configdoc.table_cell(configdoc.format_value(value)) in row
+            assert configdoc.table_cell(schema[field].doc) in row
 
 
 def test_check_mode_and_schema_drift(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+from terminal_rsi import registry
 from terminal_rsi.configdoc import load_config
-from terminal_rsi.tasks import check_tasks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCK = re.compile(r"^#### `([^`]+)`\n```[a-z]*\n(.*?)^```$", re.M | re.S)
@@ -27,6 +27,6 @@ def test_doc_examples_pass_verify_tasks(tmp_path):
     config = load_config(os.path.join(REPO, "configs", "verify_tasks.py"))
     config.tasks.source = str(tmp_path / "tasks")
     config.tasks.backend = "local"
-    rows = check_tasks.run(config, str(tmp_path / "work"))
+    rows = registry.get_experiment("verify_tasks").run(config, str(tmp_path / "work"))
     verdicts = {r["task"]: r["verdict"] for r in rows}
     assert len(verdicts) == 2 and set(verdicts.values()) == {"PASS"}, rows

@@ -8,6 +8,7 @@ import ml_collections
 import pytest
 
 from terminal_rsi import sharding
+from terminal_rsi.configuration import distributed_config
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_env_forces_initialization_with_env_wiring(calls, monkeypatch):
 
 
 def test_env_forces_a_disabled_section_and_tpu_autodetection(calls, monkeypatch):
-    config = ml_collections.ConfigDict({"distributed": sharding.distributed_config()})
+    config = ml_collections.ConfigDict({"distributed": distributed_config()})
     assert sharding.maybe_initialize_distributed(config) is False
     monkeypatch.setenv("TERMINAL_RSI_DISTRIBUTED", "1")
     assert sharding.maybe_initialize_distributed(config) is True

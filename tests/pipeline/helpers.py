@@ -2,7 +2,7 @@
 
 from configs.rpr2_spr import get_config
 from terminal_rsi.configuration import validate_config
-from terminal_rsi.pipeline.experiment import SCHEMA, resolved
+from terminal_rsi.pipeline.config import SCHEMA, resolved
 
 
 def small_config(**fields):

@@ -7,10 +7,10 @@ import os
 import pytest
 
 from configs.rpr2_spr import get_config
-from terminal_rsi.configuration import ConfigError, validate_config
+from terminal_rsi.configuration import ConfigError, flatten, validate_config
 from terminal_rsi.pipeline import graph as G
 from terminal_rsi.pipeline import ledger as L
-from terminal_rsi.pipeline.experiment import SCHEMA, resolved
+from terminal_rsi.pipeline.config import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError
 
 
@@ -171,18 +171,18 @@ def test_every_stage_field_is_a_command_line_override(tmp_path):
     from absl import flags
     from ml_collections import config_flags
 
-    from terminal_rsi.pipeline.runner import _flat, load_config_file
+    from terminal_rsi.pipeline.resolve import load_config_file
 
     c = get_config()
     for name in ("rsr1", "rpr1_fdr", "warmup_critic"):
         spec = G.STAGES[name]
-        fields = set(_flat(load_config_file(spec.config_file)))
-        offered = set(_flat(c.stages[name]))
+        fields = set(flatten(load_config_file(spec.config_file)))
+        offered = set(flatten(c.stages[name]))
         assert offered == {f for f in fields if f.split(".")[0] not in ("init", "mode",
                                                                          "experiment")}
-        assert all(v is None for v in _flat(c.stages[name]).values())
+        assert all(v is None for v in flatten(c.stages[name]).values())
     # base: the fields of both base configs (base_sft's demos, base_weights' model.gguf)
-    assert {"demos.runbook_fraction", "model.gguf"} <= set(_flat(c.stages.base))
+    assert {"demos.runbook_fraction", "model.gguf"} <= set(flatten(c.stages.base))
 
     def parse(*overrides):  # as experiments/run.py parses its command line
         argv = ["prog", "--config=configs/rpr2_spr.py", *overrides]

@@ -14,7 +14,8 @@ import pytest
 from terminal_rsi.agent import read_shard
 from terminal_rsi.agent.harness import DEFAULT_SYSTEM_PROMPT
 from terminal_rsi.models import loading, weights
-from terminal_rsi.pipeline.runner import Pipeline, PipelineError, _restore, _same_params
+from terminal_rsi.pipeline.handoff import restore_export, same_params
+from terminal_rsi.pipeline.runner import Pipeline, PipelineError
 from tests.pipeline.helpers import small_config
 
 pytestmark = pytest.mark.xdist_group("pipeline_gguf")
@@ -61,16 +62,16 @@ def test_every_stage_and_the_evaluation_use_the_gguf(run):
     mcfg = weights.config_from_gguf(path)
     gguf_actor = weights.load_gguf_params(path, mcfg)[1]
     base = os.path.join(d, "base", "export")
-    assert _same_leaves(_restore(base, "actor"), gguf_actor)
+    assert _same_leaves(restore_export(base, "actor"), gguf_actor)
     # the critic: the GGUF actor's backbone, zero value head; RSR passes it through
     from terminal_rsi.models.transformer import critic_params_from_actor
 
-    assert _same_leaves(_restore(base, "critic"), critic_params_from_actor(gguf_actor))
-    assert _same_params(_restore(base, "critic"),
-                        _restore(os.path.join(d, "rsr1", "export"), "critic"))
-    a = _restore(os.path.join(d, "rsr1", "export"), "actor")
-    b = _restore(os.path.join(d, "rpr1_fdr", "export"), "actor")
-    assert not _same_params(a, b)  # RPR-1 trained the actor
+    assert _same_leaves(restore_export(base, "critic"), critic_params_from_actor(gguf_actor))
+    assert same_params(restore_export(base, "critic"),
+                        restore_export(os.path.join(d, "rsr1", "export"), "critic"))
+    a = restore_export(os.path.join(d, "rsr1", "export"), "actor")
+    b = restore_export(os.path.join(d, "rpr1_fdr", "export"), "actor")
+    assert not same_params(a, b)  # RPR-1 trained the actor
     with open(os.path.join(d, "ledger.json")) as f:
         ledger = json.load(f)
     for s in ledger["stages"]:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from terminal_rsi.pipeline import validate_ledger
-from terminal_rsi.pipeline.runner import Pipeline, StageFailed, _restore, _same_params
+from terminal_rsi.pipeline.handoff import restore_export, same_params
+from terminal_rsi.pipeline.runner import Pipeline, StageFailed
 from tests.pipeline.helpers import small_config
 
 # module/session-scoped fixtures are expensive: keep these tests on one xdist worker
@@ -60,11 +61,11 @@ def test_prerequisites_ran_in_order_and_were_evaluated(run):
 
 def test_handoffs_are_weights_only_and_rsr_keeps_the_critic(run):
     d = run[0]
-    assert _same_params(_restore(os.path.join(d, "base", "export"), "critic"),
-                        _restore(os.path.join(d, "rsr1", "export"), "critic"))
-    a = _restore(os.path.join(d, "rsr1", "export"), "actor")
-    b = _restore(os.path.join(d, "rpr1_fdr", "export"), "actor")
-    assert not _same_params(a, b)  # RPR-1 trained the actor (one joint step)
+    assert same_params(restore_export(os.path.join(d, "base", "export"), "critic"),
+                        restore_export(os.path.join(d, "rsr1", "export"), "critic"))
+    a = restore_export(os.path.join(d, "rsr1", "export"), "actor")
+    b = restore_export(os.path.join(d, "rpr1_fdr", "export"), "actor")
+    assert not same_params(a, b)  # RPR-1 trained the actor (one joint step)
     assert sorted(os.listdir(os.path.join(d, "rpr1_fdr", "export"))) == ["actor", "critic"]
 
 

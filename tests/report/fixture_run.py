@@ -21,6 +21,7 @@ from terminal_rsi.agent.harness import run_episode
 from terminal_rsi.agent.packing import pack_trajectories
 from terminal_rsi.credit import tb_gae
 from terminal_rsi.models.tokenizer import ByteTokenizer
+from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.sampling import Buckets
 from terminal_rsi.tasks import get_suite
 
@@ -68,7 +69,9 @@ def run_episodes() -> list:
     # a summarized episode: two segments, so two credit rows for one episode
     out.append(run_episode(_task("hint_lookup", 1), ReferencePolicy(TOK),
                            harness=HarnessConfig(max_turns=4, summarize_threshold=50)))
+    score = EpisodeScorer("fdr")  # what an RPR phase with default divisors would give
     for i, t in enumerate(out):
+        score(t)
         t.episode_id = f"ep{i}"
     return out
 

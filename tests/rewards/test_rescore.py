@@ -22,7 +22,7 @@ from terminal_rsi.rewards import (
     load_episodes,
 )
 from terminal_rsi.rewards.outcomes import synthetic_episodes, write_episodes
-from terminal_rsi.rewards.rescore import SCHEMA, rescore, run, statement
+from terminal_rsi.rewards.rescore import rescore, statement
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -129,10 +129,9 @@ def test_empty_or_missing_jsonl(tmp_path):
 
 def test_experiment_on_shipped_demo(tmp_path):
     config = load_config()
-    module = registry.get_experiment("rescore")
-    assert module.SCHEMA is SCHEMA
-    validate_config(config, SCHEMA)
-    result = run(config, str(tmp_path))
+    experiment = registry.get_experiment("rescore")
+    validate_config(config, experiment.SCHEMA)
+    result = experiment.run(config, str(tmp_path))
     for name in ("rescore.json", "rescore.png", "recalibrated_divisors.json"):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "rescore.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

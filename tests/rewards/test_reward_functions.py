@@ -13,7 +13,6 @@ from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from terminal_rsi.configuration import ConfigError
 from terminal_rsi.rewards import (
     FamilyDivisors,
     RewardInputError,
@@ -29,6 +28,7 @@ from terminal_rsi.rewards import (
     spr_progress,
     spr_value,
 )
+from terminal_rsi.settings import SettingError
 
 TABLE = FamilyDivisors({"git": 10.0, "build": 4.0})
 
@@ -59,9 +59,9 @@ def test_registry():
     assert get_reward_fn("fdr") is fdr and get_reward_fn("spr") is spr
     assert get_reward_fn("binary") is binary
     assert get_reward_array_fn("spr") is spr_array
-    with pytest.raises(ConfigError, match="binary, fdr, spr"):
+    with pytest.raises(SettingError, match="binary, fdr, spr"):
         get_reward_fn("dense")
-    with pytest.raises(ConfigError):
+    with pytest.raises(SettingError):
         get_reward_array_fn("dense")
 
 

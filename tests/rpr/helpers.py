@@ -4,8 +4,10 @@ import functools
 
 import numpy as np
 
+from terminal_rsi import registry
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel
+from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.train_state import OptimizerConfig, create_train_state
 
 TINY = ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
@@ -71,7 +73,6 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
     fails the count_lines verifier), rendered through the harness of `config`. The actor
     then solves a task with probability ~1/(1 + wrong_per_right) at temperature 1, minus its
     residual per-token error: a policy RL can improve. Exports to `export_dir` ("actor")."""
-    from terminal_rsi import ppo_step as ps
     from terminal_rsi.agent import HarnessConfig, pack_trajectories
     from terminal_rsi.agent.harness import (
         ReferencePolicy,
@@ -79,10 +80,12 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
         reference_action,
         run_episode,
     )
+    from terminal_rsi.alignment import predictable_mask
     from terminal_rsi.checkpoint import export_weights
+    from terminal_rsi.forward import actor_logprobs
     from terminal_rsi.losses import Aggregation, sft_loss
     from terminal_rsi.models.tokenizer import ByteTokenizer
-    from terminal_rsi.rpr.phase import _states, config_tasks, model_config
+    from terminal_rsi.rpr.phase import config_tasks, initial_states, model_config
     from terminal_rsi.sampling import Buckets
     from terminal_rsi.tasks import open_task_sandbox
     from terminal_rsi.train_state import make_update_step
@@ -101,20 +104,23 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
     trajs = [run_episode(t, ReferencePolicy(tok), sandbox, harness) for t in tasks]
     trajs += [run_episode(t, wrong, sandbox, harness) for t in tasks
               for _ in range(wrong_per_right)]
+    score = EpisodeScorer("fdr")  # the phase's default reward, default divisors
+    for t in trajs:
+        score(t)
     assert [t.S for t in trajs] == [1] * len(tasks) + [0] * (len(trajs) - len(tasks))
     packed = pack_trajectories(trajs, buckets=Buckets(cache_multiple=128))
     batch = {k: getattr(packed, k) for k in ("tokens", "positions", "segment_ids", "gen_mask")}
 
     def loss_fn(params, graphdef, b):
-        lp, _ = ps.actor_logprobs(params, graphdef, b)
-        mask = b["gen_mask"] & ps.predictable_mask(b["segment_ids"])
+        lp, _ = actor_logprobs(params, graphdef, b)
+        mask = b["gen_mask"] & predictable_mask(b["segment_ids"])
         parts = sft_loss(lp, mask, Aggregation.TOKEN_MEAN, segment_ids=b["segment_ids"])
         return parts.total / parts.denom, {}
 
     from terminal_rsi.models.transformer import DecoderLM
     from terminal_rsi.train_state import OptimizerConfig, create_train_state
 
-    actor, _ = _states(config, model_config(config))
+    actor, _ = initial_states(config, model_config(config))
     state = create_train_state(DecoderLM, model_config(config),
                                OptimizerConfig(learning_rate, grad_clip=1.0),
                                actor.step.sharding.mesh, params=actor.params)
@@ -125,3 +131,10 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
         losses.append(float(m["loss"]))
     export_weights(export_dir, "actor", state.params, force=True)
     return losses
+
+
+def typed(config):
+    """The typed PhaseConfig of a ConfigDict (checked as `experiments/run.py` checks it), as
+    `run_phase` takes it."""
+    return registry.get_experiment("rpr_phase").check(config)
+

@@ -14,8 +14,8 @@ import jax
 sys.path.insert(0, ".")
 
 from configs.rpr_phase import get_config  # noqa: E402
-from terminal_rsi.configuration import validate_config  # noqa: E402
-from terminal_rsi.rpr import SCHEMA, run_phase  # noqa: E402
+from terminal_rsi.rpr import run_phase  # noqa: E402
+from tests.rpr.helpers import typed  # noqa: E402
 
 
 def main():
@@ -33,9 +33,9 @@ def main():
     c.ppo.critic_warmup_steps = 1
     c.eval.every, c.checkpoint.every = 0, 2
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
-    validate_config(c, SCHEMA)
+    typed(c)
     with tempfile.TemporaryDirectory() as w:
-        res = run_phase(c, w)
+        res = run_phase(typed(c), w)
     emb = res.actor.params["backbone"]["embed"]
     finite = all(v is None or (isinstance(v, (int, float)) and math.isfinite(v))
                  for m in res.metrics for v in m.values() if not isinstance(v, bool))

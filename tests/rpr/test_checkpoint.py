@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from terminal_rsi import checkpoint as ck
-from terminal_rsi import ppo_step as ps
+from terminal_rsi.advantages import prepare_ppo_batch
 from tests.rpr.helpers import joint_step, states, toy_batch
 
 # module-scoped fixtures are expensive: keep this module on one xdist worker
@@ -30,7 +30,7 @@ def _assert_same(a, b):
 def trained():
     """States after one real RPR step, so optimizer moments are non-trivial."""
     actor, critic = states()
-    batch = ps.prepare_ppo_batch(actor, critic, toy_batch())
+    batch = prepare_ppo_batch(actor, critic, toy_batch())
     actor, critic, _ = joint_step(1)(actor, critic, batch)
     return actor, critic
 
@@ -53,15 +53,15 @@ def test_resume_restores_identical_pytrees(tmp_path, trained):
         assert mgr.latest_step() == 7
         r = mgr.restore(actor=fresh_actor, critic=fresh_critic, rngs=rngs)
     assert (r.step, r.policy_version, r.data_position, r.extra) == (7, 5, 1234, extra)
-    _assert_same(ck._state_tree(r.actor), ck._state_tree(actor))
-    _assert_same(ck._state_tree(r.critic), ck._state_tree(critic))
+    _assert_same(ck.state_tree(r.actor), ck.state_tree(actor))
+    _assert_same(ck.state_tree(r.critic), ck.state_tree(critic))
     assert r.actor.graphdef == actor.graphdef
     assert jnp.issubdtype(r.rngs["rollout"].dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(r.rngs["rollout"]),
                                   jax.random.key_data(rngs["rollout"]))
     np.testing.assert_array_equal(r.rngs["legacy"], rngs["legacy"])
     # The restored states train on: same next step as the originals.
-    batch = ps.prepare_ppo_batch(actor, critic, toy_batch())
+    batch = prepare_ppo_batch(actor, critic, toy_batch())
     a1, _, _ = joint_step(1)(actor, critic, batch)
     a2, _, _ = joint_step(1)(r.actor, r.critic, batch)
     _assert_same(a1.params, a2.params)

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from configs.rpr_phase import get_config
-from terminal_rsi.configuration import validate_config
-from terminal_rsi.rpr import SCHEMA, run_phase
-from tests.rpr.helpers import warm_start_actor
+from terminal_rsi.rpr import run_phase
+from tests.rpr.helpers import typed, warm_start_actor
 
 
 def _config():
@@ -31,7 +30,7 @@ def _config():
     c.ppo.critic_warmup_steps, c.ppo.num_minibatches = 0, 1
     c.actor_opt.learning_rate = 5e-4
     c.eval.every, c.checkpoint.every = 0, 100
-    validate_config(c, SCHEMA)
+    typed(c)
     return c
 
 
@@ -41,7 +40,7 @@ def test_short_phase_raises_reward(tmp_path):
     losses = warm_start_actor(c, str(tmp_path / "warm"), sft_steps=150, wrong_per_right=3)
     assert losses[-1] < 0.02 < losses[0]  # the replies are learned, up to the 1-in-4 branch
     c.init.actor_weights = str(tmp_path / "warm")
-    res = run_phase(c, str(tmp_path / "phase"))
+    res = run_phase(typed(c), str(tmp_path / "phase"))
     success = np.array([m["reward_binary"] for m in res.metrics])
     print("success per step", success.tolist())
     early, late = success[:3].mean(), success[-3:].mean()

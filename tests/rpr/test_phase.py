@@ -11,9 +11,9 @@ import pytest
 
 from configs.rpr_phase import get_config
 from terminal_rsi.agent.trajectory import read_shard
-from terminal_rsi.configuration import validate_config
-from terminal_rsi.rpr import SCHEMA, run_phase
+from terminal_rsi.rpr import run_phase
 from terminal_rsi.rpr.artifacts import CREDIT_KEYS, ScalarWriter, prune_after, read_scalars
+from tests.rpr.helpers import typed
 
 TIMING_KEYS = ("rollout_s", "step_s")
 
@@ -40,7 +40,7 @@ def _config():
     c.ppo.critic_warmup_steps = 2
     c.eval.every, c.eval.num_tasks = 3, 2
     c.checkpoint.every = 1
-    validate_config(c, SCHEMA)
+    typed(c)
     return c
 
 
@@ -62,10 +62,10 @@ def runs(tmp_path_factory):
     def on_step(step, actor, critic, row):
         first[step] = (_np(actor.params), _np(critic.params), row)
 
-    from terminal_rsi.rpr.phase import _states, model_config
+    from terminal_rsi.rpr.phase import initial_states, model_config
 
-    init_actor = _np(_states(config, model_config(config))[0].params)
-    a = run_phase(config, workdir, stop_after=2, on_step=on_step)
+    init_actor = _np(initial_states(config, model_config(config))[0].params)
+    a = run_phase(typed(config), workdir, stop_after=2, on_step=on_step)
     # Leftovers of a step past the last checkpoint (written before a crash): a metrics line,
     # step files and a TensorBoard scalar; all must be discarded / hidden on resume.
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
@@ -80,12 +80,12 @@ def runs(tmp_path_factory):
     stale_files = [n for n in os.listdir(os.path.join(workdir, "trajectories"))]
     resumed = {}
     second = {}
-    b = run_phase(config, workdir, on_resume=lambda rs: resumed.update(
+    b = run_phase(typed(config), workdir, on_resume=lambda rs: resumed.update(
         step=rs.step, actor=_np(rs.actor.params), critic=_np(rs.critic.params),
         data_position=rs.data_position),
         on_step=lambda s, ac, cr, row: second.update({s: (_np(ac.params), row)}))
     straight_dir = str(tmp_path_factory.mktemp("rpr_straight"))
-    straight = run_phase(config, straight_dir)
+    straight = run_phase(typed(config), straight_dir)
     return dict(workdir=workdir, a=a, b=b, first=first, second=second, resumed=resumed,
                 init_actor=init_actor, straight=straight, straight_dir=straight_dir,
                 stale_files=stale_files)
@@ -133,12 +133,12 @@ def test_resume_continues_from_the_interrupted_step(runs):
 
 
 def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
-    from terminal_rsi.rpr.phase import _states, model_config
+    from terminal_rsi.rpr.phase import initial_states, model_config
 
     config = _config()
     config.mode = "warmup_critic"
-    init_actor, init_critic = (_np(s.params) for s in _states(config, model_config(config)))
-    res = run_phase(config, str(tmp_path))
+    init_actor, init_critic = (_np(s.params) for s in initial_states(config, model_config(config)))
+    res = run_phase(typed(config), str(tmp_path))
     # 2 training tasks (2 families x 1), batch 2: one pass is one rollout step
     assert res.step == 1 and [m["critic_only"] for m in res.metrics] == [True]
     # one pass: every training task once, although _config sets the reward_variance curriculum
@@ -160,7 +160,7 @@ def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
     ppo.critic_epochs: 3 critic passes of 2 minibatches per step, 1 actor pass; and
     ppo.normalize_advantages whitens over every trained token, the malformed ones included
     (the stored advantages against a NumPy whitening of returns - values)."""
-    from terminal_rsi.rpr.phase import _states, model_config
+    from terminal_rsi.rpr.phase import initial_states, model_config
 
     config = _config()
     config.ppo.mask_malformed = True
@@ -168,8 +168,8 @@ def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
     config.ppo.critic_epochs = 3
     config.actor_opt.weight_decay = 0.0
     config.eval.every, config.checkpoint.every = 0, 3
-    init_actor, init_critic = (_np(s.params) for s in _states(config, model_config(config)))
-    res = run_phase(config, str(tmp_path))
+    init_actor, init_critic = (_np(s.params) for s in initial_states(config, model_config(config)))
+    res = run_phase(typed(config), str(tmp_path))
     assert [m["critic_only"] for m in res.metrics] == [True, True, False]
     assert all(m["malformed_token_frac"] == 1.0 for m in res.metrics)
     assert [m["critic_updates"] for m in res.metrics] == [6, 6, 6]
@@ -303,7 +303,7 @@ def test_phase_from_a_gguf_model(tmp_path):
     from terminal_rsi.models import weights
     from terminal_rsi.models.loading import load_model
     from terminal_rsi.models.transformer import critic_params_from_actor
-    from terminal_rsi.rpr.phase import _states
+    from terminal_rsi.rpr.phase import initial_states
     from tests.models.reference import write_tiny_gguf
 
     path = str(tmp_path / "tiny.gguf")
@@ -312,16 +312,16 @@ def test_phase_from_a_gguf_model(tmp_path):
     config.model.gguf = path
     config.num_steps, config.ppo.critic_warmup_steps = 2, 1
     config.eval.every, config.checkpoint.every = 0, 2
-    validate_config(config, SCHEMA)
+    typed(config)
     model = load_model(config)
     mcfg = model.config
     assert (mcfg.d_model, mcfg.max_seq_len) == (16, 512)  # GGUF shape, the config's length
     gguf_actor = _np(weights.load_gguf_params(path, mcfg)[1])
-    actor, critic = _states(config, mcfg)
+    actor, critic = initial_states(config, mcfg)
     assert _equal(_np(actor.params), gguf_actor)
     assert _equal(_np(critic.params), _np(critic_params_from_actor(gguf_actor)))
     first = {}
-    res = run_phase(config, str(tmp_path / "w"), on_step=lambda s, a, c, row: first.update(
+    res = run_phase(typed(config), str(tmp_path / "w"), on_step=lambda s, a, c, row: first.update(
         {s: _np(a.params)}))
     assert [m["critic_only"] for m in res.metrics] == [True, False]
     assert _equal(first[1], gguf_actor) and not _equal(first[2], gguf_actor)
@@ -344,7 +344,7 @@ def test_actor_warmup_steps_reach_the_actor_optimizer():
 
     c = get_config()
     c.actor_opt.warmup_steps = 4
-    validate_config(c, SCHEMA)
+    typed(c)
     lr = c.actor_opt.learning_rate
     sched = lr_schedule(OptimizerConfig.from_config(c.actor_opt))
     np.testing.assert_allclose([float(sched(k)) for k in (0, 1, 2, 4, 9)],
@@ -353,4 +353,4 @@ def test_actor_warmup_steps_reach_the_actor_optimizer():
     assert lr_schedule(OptimizerConfig.from_config(c.actor_opt)) == lr
     c.actor_opt.warmup_steps = -1
     with pytest.raises(Exception, match="warmup_steps"):
-        validate_config(c, SCHEMA)
+        typed(c)

@@ -7,6 +7,10 @@ import numpy as np
 import pytest
 
 from terminal_rsi import ppo_step as ps
+from terminal_rsi.advantages import compute_advantages, prepare_ppo_batch
+from terminal_rsi.alignment import predictable_mask, token_logprobs
+from terminal_rsi.forward import actor_logprobs, make_logprob_fn, make_value_fn
+from terminal_rsi.grad_accum import BatchError
 from terminal_rsi.losses import Aggregation, PPOConfig
 from tests.rpr.helpers import joint_step, states, toy_batch
 
@@ -23,14 +27,14 @@ def _copy(state):
 
 
 # Compiled once per module (compilation dominates the test time on CPU).
-LP_FN, V_FN = ps.make_logprob_fn(), ps.make_value_fn()
+LP_FN, V_FN = make_logprob_fn(), make_value_fn()
 JOINT = {m: joint_step(m) for m in (1, 2)}
 
 
 @pytest.fixture(scope="module")
 def setup():
     actor, critic = states()
-    batch = ps.prepare_ppo_batch(actor, critic, toy_batch(), estimator="tb_gae",
+    batch = prepare_ppo_batch(actor, critic, toy_batch(), estimator="tb_gae",
                                  gamma_turn=0.9, lambda_turn=0.8, logprob_fn=LP_FN,
                                  value_fn=V_FN)
     # Non-trivial advantages regardless of the (zero-head) critic.
@@ -73,7 +77,7 @@ def test_pre_token_values_are_shifted(setup):
     _, critic, batch = setup
     v = np.asarray(V_FN(critic, batch))
     out = np.asarray(critic.model()(batch["tokens"], batch["positions"], batch["segment_ids"]))
-    ok = np.asarray(ps.predictable_mask(jnp.asarray(batch["segment_ids"])))
+    ok = np.asarray(predictable_mask(jnp.asarray(batch["segment_ids"])))
     np.testing.assert_allclose(v[:, 1:][ok[:, 1:]], out[:, :-1][ok[:, 1:]], rtol=1e-6)
     assert np.all(v[~ok] == 0)
 
@@ -82,8 +86,8 @@ def test_unit_clock_advantages_are_reward_to_go_minus_value():
     raw = toy_batch()
     values = jnp.asarray(np.random.default_rng(1).normal(size=raw["rewards"].shape),
                          jnp.float32)
-    adv, ret = ps.compute_advantages(values, raw, estimator="gae", gamma=1.0, lam=1.0)
-    adv2, _ = ps.compute_advantages(values, raw, estimator="tb_gae")
+    adv, ret = compute_advantages(values, raw, estimator="gae", gamma=1.0, lam=1.0)
+    adv2, _ = compute_advantages(values, raw, estimator="tb_gae")
     gen = raw["gen_mask"]
     for b in range(gen.shape[0]):
         for t in np.flatnonzero(gen[b]):
@@ -144,14 +148,14 @@ def test_ppo_steps_raise_positive_advantage_logprobs_and_fit_critic(setup):
 def test_check_batch_errors(setup):
     _, _, batch = setup
     ps.check_batch(batch, ps.ACTOR_KEYS, num_microbatches=2)
-    with pytest.raises(ps.BatchError, match="lacks"):
+    with pytest.raises(BatchError, match="lacks"):
         ps.check_batch({"tokens": batch["tokens"]})
-    with pytest.raises(ps.BatchError, match="divisible"):
+    with pytest.raises(BatchError, match="divisible"):
         ps.check_batch(batch, ps.ACTOR_KEYS, num_microbatches=3)
     bad = dict(batch)
     bad["gen_mask"] = np.array(batch["gen_mask"]).copy()
     bad["gen_mask"][1, 5] = True  # first token of segment 2
-    with pytest.raises(ps.BatchError, match=r"\[1, 5\]"):
+    with pytest.raises(BatchError, match=r"\[1, 5\]"):
         ps.check_batch(bad)
 
 
@@ -167,10 +171,10 @@ def test_chunked_logprobs_match_full_logits_values_and_gradients(setup, chunk=5)
 
         logits, _ = nnx.merge(actor.graphdef, params)(keys["tokens"], keys["positions"],
                                                       keys["segment_ids"])
-        return ps.token_logprobs(logits, keys["tokens"], keys["segment_ids"])[0]
+        return token_logprobs(logits, keys["tokens"], keys["segment_ids"])[0]
 
     def chunked(params):
-        return ps.actor_logprobs(params, actor.graphdef, keys, chunk_size=chunk)[0]
+        return actor_logprobs(params, actor.graphdef, keys, chunk_size=chunk)[0]
 
     # chunk 5 does not divide L = 12: the padded last chunk is exercised too
     np.testing.assert_allclose(chunked(actor.params), full(actor.params), rtol=1e-5, atol=1e-5)
@@ -223,9 +227,9 @@ def test_split_episode_continues_from_its_successor_row(estimator):
     assert whole["gen_mask"][0, :len(full_gen)].tolist() == [bool(x) for x in full_gen]
     split, v_split = batch([row([0, 1]), row([3]), row([2])], 1)
     kw = dict(estimator=estimator, gamma_turn=0.9, lambda_turn=0.8, gamma=0.95, lam=0.7)
-    adv_w, ret_w = ps.compute_advantages(v_whole, whole, **kw)
-    adv_s, ret_s = ps.compute_advantages(v_split, split, next_row=np.array([2, -1, 1]), **kw)
-    adv_n, _ = ps.compute_advantages(v_split, split, **kw)
+    adv_w, ret_w = compute_advantages(v_whole, whole, **kw)
+    adv_s, ret_s = compute_advantages(v_split, split, next_row=np.array([2, -1, 1]), **kw)
+    adv_n, _ = compute_advantages(v_split, split, **kw)
 
     def gen_values(a, b):
         return np.asarray(a)[b["gen_mask"]]
@@ -246,12 +250,12 @@ def test_logprobs_and_ratio_at_the_sampling_temperature(setup, temperature):
     rollout temperature: the recomputed log-probs match NumPy, and an update whose old
     log-probs are those of π_T starts at ratio 1 exactly (no off-policy gap)."""
     actor, _, batch = setup
-    lp = np.asarray(ps.make_logprob_fn(temperature=temperature)(actor, batch))
+    lp = np.asarray(make_logprob_fn(temperature=temperature)(actor, batch))
     logits, _ = actor.model()(batch["tokens"], batch["positions"], batch["segment_ids"])
     z = np.asarray(logits, np.float64)[:, :-1] / temperature
     ref = np.take_along_axis(z, np.asarray(batch["tokens"])[:, 1:, None], -1)[..., 0] \
         - (np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1))
-    ok = np.asarray(ps.predictable_mask(batch["segment_ids"]))
+    ok = np.asarray(predictable_mask(batch["segment_ids"]))
     np.testing.assert_allclose(lp[ok], np.pad(ref, ((0, 0), (1, 0)))[ok], rtol=1e-4, atol=1e-5)
     cfg = PPOConfig(temperature=temperature)
     parts = ps.actor_loss_parts(actor.params, actor.graphdef,

@@ -29,9 +29,9 @@ def test_config_json_is_written_before_run(tmp_path, monkeypatch):
         # what the experiment sees when it starts: the file is already there
         with open(os.path.join(workdir, "config.json")) as f:
             seen["file"] = json.load(f)
-        seen["config"] = config.to_dict()
+        seen["config"] = {"experiment": "credit_diagnostic", **config.to_dict()}  # typed
 
-    probe = types.SimpleNamespace(SCHEMA=real.SCHEMA, run=probe_run)
+    probe = types.SimpleNamespace(SCHEMA=real.SCHEMA, check=real.check, run=probe_run)
     monkeypatch.setattr(registry, "get_experiment", lambda name: probe)
     workdir = tmp_path / "w"
     run_py._parse_flags(["run.py", f"--config={ROOT}/configs/credit_diagnostic.py",

@@ -4,6 +4,7 @@ import json
 
 import ml_collections
 
+from terminal_rsi import registry
 from terminal_rsi.agent import ScriptedPolicy
 from terminal_rsi.rsr.runbook import Runbook, RunbookError
 
@@ -26,7 +27,9 @@ def follower_policy(tokenizer):
     return ScriptedPolicy(tokenizer, script)
 
 
-def tiny_stage_config(**over) -> ml_collections.ConfigDict:
+def tiny_stage_config(**over):
+    """The typed RSRConfig of configs/rsr1.py at the tiny test shapes, with `over` (dotted
+    paths) applied."""
     from configs.rsr1 import get_config
 
     c = get_config()
@@ -49,4 +52,4 @@ def tiny_stage_config(**over) -> ml_collections.ConfigDict:
         for p in path:
             node = node[p]
         node[leaf] = v
-    return c
+    return registry.get_experiment("rsr").check(c)

@@ -4,10 +4,10 @@ import json
 import os
 
 import jax
-import ml_collections
 import numpy as np
 
 from configs.base_sft import get_config
+from terminal_rsi import registry
 from terminal_rsi.agent import read_shard
 from terminal_rsi.checkpoint import import_weights
 from terminal_rsi.models.transformer import critic_params_from_actor
@@ -18,7 +18,8 @@ from tests.rsr.helpers import TINY_MODEL
 
 def test_base_sft_end_to_end(tmp_path):
     c = get_config()
-    c.model = ml_collections.ConfigDict(TINY_MODEL)
+    for k, v in TINY_MODEL.items():
+        c.model[k] = v
     c.tasks.families = ("count_lines", "hint_lookup")
     c.tasks.n_per_family = 2
     c.demos.runbook_fraction = 0.5
@@ -29,7 +30,7 @@ def test_base_sft_end_to_end(tmp_path):
     c.eval.every = 2
     c.rollout.decode_block = 32
     wd = str(tmp_path / "base")
-    s = run(c, wd)
+    s = run(registry.get_experiment("base_sft").check(c), wd)
     demos = read_shard(os.path.join(wd, "trajectories", "demos.jsonl"))
     # every task demonstrated under H0, half of them also with runbook guidance (kept)
     assert s["demos_plain"] == 4 and s["demos_guided"] == 2 and len(demos) == 6
@@ -44,7 +45,7 @@ def test_base_sft_end_to_end(tmp_path):
     assert s["families"] == ["count_lines", "hint_lookup"]
     assert len(read_shard(os.path.join(wd, "trajectories", "eval.jsonl"))) == 2
     # exports: actor, and the critic built from it (C2)
-    from terminal_rsi.rpr.phase import model_config
+    from terminal_rsi.models.loading import model_config
     from terminal_rsi.rsr.common import create_actor
 
     c.init.actor_weights = os.path.join(wd, "export")

@@ -31,7 +31,7 @@ TOK = ByteTokenizer()
 SYSTEM = "Reply with one JSON action."
 H0 = HarnessConfig(name="H0", system_prompt=SYSTEM, max_turns=1, max_output_tokens=128,
                    max_input_tokens=1024, summarize_threshold=None,
-                   sampling=SamplingSettings(temperature=0.0), reward_fn="binary")
+                   sampling=SamplingSettings(temperature=0.0))
 MCFG = get_model_config("tiny", **{k: v for k, v in TINY_MODEL.items()
                                    if k not in ("preset", "vocab_size")})
 BUCKETS = Buckets(cache_multiple=64, power_of_two=False)

@@ -415,7 +415,7 @@ def test_sweep_removes_an_orphaned_disk(client):
 
     if os.geteuid() != 0:
         pytest.skip("only root makes host tmpfs disks")
-    disk = docker_backend._make_disk("orphan0123456789", 4)
+    disk = docker_backend.make_disk("orphan0123456789", 4)
     try:
         assert mounted(disk)
         docker_backend.sweep_stale(client)
@@ -427,7 +427,7 @@ def test_sweep_removes_an_orphaned_disk(client):
         assert docker_backend.sweep_stale(client) >= 1
         assert not os.path.exists(disk) and not mounted(disk)
     finally:
-        docker_backend._remove_disk(disk)
+        docker_backend.remove_disk(disk)
 
 
 def test_nothing_is_left_after_close(client):

@@ -14,7 +14,7 @@ from terminal_rsi import registry
 from terminal_rsi.configuration import ConfigError, validate_config
 from terminal_rsi.sandbox import BadRequest
 from terminal_rsi.tasks import load_task_dir
-from terminal_rsi.tasks.check_tasks import TaskCheckFailed, check_task, run
+from terminal_rsi.tasks.check_tasks import TaskCheckFailed, check_task
 from tests.tasks.conftest import harbor_files, tb_files, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,17 +36,20 @@ def test_config_validates():
     assert get_config().tasks.allow_plain_sandbox == "never"
 
 
+def run(config, workdir):
+    """The verify_tasks experiment on a ConfigDict (built into its typed config first)."""
+    return registry.get_experiment("verify_tasks").run(config, workdir)
+
+
 def test_allow_plain_sandbox_reaches_the_sandbox(tmp_path):
     task = load_task_dir(write(tmp_path / "a-tb", tb_files()))
-    cfg = get_config().tasks
-    cfg.backend = "local-plain"
+    assert get_config().tasks.allow_plain_sandbox == "never"
     with pytest.raises(BadRequest, match="tasks.allow_plain_sandbox"):
-        check_task(task, cfg)
-    cfg.allow_plain_sandbox = "builtin"  # a task from disk is not a built-in one
+        check_task(task, "local-plain", allow_plain="never")
+    # a task from disk is not a built-in one
     with pytest.raises(BadRequest, match="tasks.allow_plain_sandbox"):
-        check_task(task, cfg)
-    cfg.allow_plain_sandbox = "always"
-    assert check_task(task, cfg)["verdict"] == "PASS"
+        check_task(task, "local-plain", allow_plain="builtin")
+    assert check_task(task, "local-plain", allow_plain="always")["verdict"] == "PASS"
 
 
 def test_run_on_task_dirs(tmp_path, capsys):

@@ -47,7 +47,7 @@ def make_task(family: str, seed: int) -> Task:
         raise KeyError(f"unknown built-in family {family!r}; known: {sorted(FAMILIES)}")
     inst = instance(family, seed)
     check = BuiltinCheck(family, int(seed))
-    n_checks = len(inst.checks(_EmptySnapshot(), _no_run))
+    n_checks = len(inst.checks(EmptySnapshot(), no_run))
     return Task(
         id=f"{family}/{seed}",
         family=family,
@@ -99,8 +99,9 @@ def hidden_values(task: Task) -> tuple[str, ...]:
     return instance(task.family, task.seed).hidden
 
 
-class _EmptySnapshot(dict):
-    """An empty workspace, used only to count a family's checks."""
+class EmptySnapshot(dict):
+    """An empty workspace: a family's checks run on it (with `no_run`) to count or name them
+    without a sandbox."""
 
     def files(self):
         return {}
@@ -117,9 +118,11 @@ class _NoRun:
     ok = False
 
 
-def _no_run(cmd, timeout=0):
+def no_run(cmd, timeout=0):
+    """A command runner that runs nothing: every command "fails" with empty output."""
     return _NoRun()
 
 
-__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TRAIN_FAMILIES", "Family", "Instance",
-           "heldout_seed", "hidden_values", "instance", "make_task", "partial_solution"]
+__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TRAIN_FAMILIES", "EmptySnapshot", "Family",
+           "Instance", "heldout_seed", "hidden_values", "instance", "make_task", "no_run",
+           "partial_solution"]

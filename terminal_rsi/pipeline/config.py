@@ -1,0 +1,150 @@
+"""The typed config of the `pipeline` experiment (the Terminal-RSI stage graph): every
+setting of the job itself, with its default, allowed values and doc, written once
+(`terminal_rsi.settings`).
+
+`SCHEMA` (what a pipeline ConfigDict is checked against) is this class's schema plus the
+free `stages.<stage>.<field>` overrides; `resolved` fills in `pipeline.base = auto`.
+
+A shared setting left None here means "the scale's" (`terminal_rsi.pipeline.scales`, chosen by
+`scale`), else the stage config file's. Per-stage overrides of any stage config field,
+`stages.<stage>.<field>`, are not part of this class: they are checked against the stage's
+own typed config when the stage is resolved (`terminal_rsi.pipeline.runner`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from terminal_rsi.configuration import schema_of
+from terminal_rsi.pipeline.graph import BASES, STAGES
+from terminal_rsi.pipeline.scales import SCALES
+from terminal_rsi.sections import Seeded, TaskPool
+from terminal_rsi.settings import Section, Setting, setting
+
+MODELS = ("tiny", "smollm2_135m")
+STAGE_NAMES = ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_fdr", "rpr2_spr")
+
+
+def _dim(name: str) -> str:
+    return f"tiny model {name} (None: the scale's)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDims(Section):
+    """Shape of the tiny model (ignored for a pretrained model)."""
+
+    vocab_size: int | None = setting(None, _dim("vocab_size"), lo=1)
+    d_model: int | None = setting(None, _dim("d_model"), lo=1)
+    n_layers: int | None = setting(None, _dim("n_layers"), lo=1)
+    n_heads: int | None = setting(None, _dim("n_heads"), lo=1)
+    n_kv_heads: int | None = setting(None, _dim("n_kv_heads"), lo=1)
+    head_dim: int | None = setting(None, _dim("head_dim"), lo=1)
+    d_ff: int | None = setting(None, _dim("d_ff"), lo=1)
+    max_seq_len: int | None = setting(None, _dim("max_seq_len"), lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineTasks(TaskPool):
+    families: tuple[str, ...] | None = setting(None, "training families (None: the scale's)")
+    n_per_family: int | None = setting(None, "training instances per family (None: the "
+                                       "scale's)", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineHarness(Section):
+    max_turns: int | None = setting(None, "turn budget (None: the scale's)", lo=1)
+    max_output_tokens: int | None = setting(None, "tokens per turn (None: the scale's)", lo=1)
+    max_input_tokens: int | None = setting(None, "tokens per call (None: the scale's)", lo=1)
+    max_parse_errors: int | None = setting(None, "end an episode at this many unparseable "
+                                           "replies (None: the scale's; 0: no limit, the "
+                                           "paper's harness)", lo=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineEval(Section):
+    """How every stage is evaluated (held-out instances and held-out families)."""
+
+    k: int = setting(3, "independent runs per task (Mean@k)", lo=1)
+    n_per_family: int | None = setting(None, "eval instances per family (None: the scale's)",
+                                       lo=1)
+    heldout_families: tuple[str, ...] | None = setting(None, "held-out families evaluated "
+                                                       "(None: the scale's)")
+    concurrency: int | None = setting(None, "episodes in flight (None: the scale's)", lo=1)
+    temperature: float = setting(0.6, "sampling temperature (paper: 0.6)", lo=0.0)
+    top_p: float = setting(0.95, "nucleus (paper: 0.95)", lo=0.0, hi=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph(Section):
+    """Which stages run and the handoff rules between them."""
+
+    targets: tuple[str, ...] = setting(("rpr2_spr",), "stages to produce (with their "
+                                       "prerequisites)")
+    base: str = setting("auto", "base stage: auto (tiny: base_sft, smollm2_135m: "
+                        "base_weights from GGUF), base_sft or base_weights",
+                        choices=("auto",) + tuple(BASES))
+    bypass: tuple[str, ...] = setting((), "stages replaced by a pass-through (ablations)")
+    rpr2_lr_divisor: float = setting(5.0, "RPR-2 actor lr = RPR-1's / this (paper: 5)",
+                                     lo=1e-9)
+    critic_warmup_steps: int = setting(4, "critic-only updates opening each RPR phase "
+                                       "(paper: 4)", lo=0)
+    divisor_samples: int = setting(32, "built-in instances per family whose check counts "
+                                   "calibrate the frozen divisors D_f", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig(Seeded):
+    """The stage graph end to end (paper Fig. 2-3)."""
+
+    model: str = setting("tiny", "model preset: tiny (trained base) or smollm2_135m "
+                         "(pretrained base)", choices=MODELS)
+    model_dims: ModelDims = ModelDims()
+    scale: str = setting("default", "size preset (terminal_rsi.pipeline.scales)",
+                         choices=tuple(SCALES))
+    tasks: PipelineTasks = PipelineTasks()
+    harness: PipelineHarness = PipelineHarness()
+    eval: PipelineEval = PipelineEval()
+    pipeline: Graph = Graph()
+
+
+class _Schema(dict):
+    """The pipeline schema: fixed fields, plus free `stages.<stage>.<path>` overrides that are
+    validated later against the stage experiment's own schema (PipelineError names them)."""
+
+    _FREE = Setting(object, "override of any field of the stage's config file (checked by the "
+                  "stage schema), e.g. --config.stages.rsr1.sft.steps=10", optional=True)
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or self._free(key)
+
+    def __getitem__(self, key):
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        if self._free(key):
+            return self._FREE
+        raise KeyError(key)
+
+    def doc_group(self, key) -> str | None:
+        """configdoc shows the free overrides as one row."""
+        return None if dict.__contains__(self, key) or not self._free(key) else \
+            "stages.<stage>.<field>"
+
+    @staticmethod
+    def _free(key) -> bool:
+        parts = str(key).split(".")
+        return len(parts) >= 3 and parts[0] == "stages" and parts[1] in STAGES
+
+
+# the job's own fields come from its typed config (terminal_rsi.pipeline.config); the free
+# `stages.<stage>.<path>` overrides are checked against the stage's config when resolved
+SCHEMA = _Schema(schema_of(PipelineConfig))
+
+
+def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Resolve `pipeline.base = auto` and the pretrained-model settings."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    if c.pipeline.base == "auto":
+        c.pipeline.base = "base_sft" if c.model == "tiny" else "base_weights"
+    return c

@@ -1,0 +1,140 @@
+"""The typed config of one RPR phase (§2.4): every setting of `terminal_rsi.rpr.phase`, with
+its default, allowed values and doc, written once (`terminal_rsi.settings`).
+
+`configs/rpr_phase.py` and the stage configs built on it hold only what differs from these
+defaults; `python experiments/run.py` builds a `PhaseConfig` from the ConfigDict and checks
+it before any work. The defaults run on a laptop CPU; the PPO and optimizer defaults that are
+not learning rates are the paper's (App. A), and `--config.scale=paper` of the pipeline sets
+the rest of the paper's protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from terminal_rsi.losses import Aggregation
+from terminal_rsi.sections import (
+    BatchedRollout,
+    Harness,
+    InitWeights,
+    Mesh,
+    ModelSource,
+    Optimizer,
+    Seeded,
+    SplitTasks,
+)
+from terminal_rsi.settings import Section, SettingError, setting
+
+MODES = ("phase", "warmup_critic")
+REWARD_FNS = ("fdr", "spr", "binary")
+ESTIMATORS = ("tb_gae", "gae")
+CURRICULA = ("cyclic", "reward_variance")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewards(Section):
+    fn: str = setting("fdr", "frozen reward function of the phase", choices=REWARD_FNS)
+    divisors_path: str | None = setting(None, "FamilyDivisors JSON (None: defaults, "
+                                        "fallback 82)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseRollout(BatchedRollout):
+    """How a rollout step collects its episodes."""
+
+    progress: bool = setting(False, "print the scheduler's progress line")
+    curriculum: str = setting("cyclic", "task draw: cyclic (in order) | reward_variance "
+                              "(families with mixed rewards more often; "
+                              "terminal_rsi.rpr.curriculum)", choices=CURRICULA)
+    curriculum_floor: float = setting(0.1, "reward_variance: every family keeps at least this "
+                                      "fraction of the mean family weight", lo=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Advantage(Section):
+    """The advantage estimator: TB-GAE over turns (§2.3) or per-token GAE."""
+
+    estimator: str = setting("tb_gae", "tb_gae | gae", choices=ESTIMATORS)
+    gamma_turn: float = setting(1.0, "TB-GAE γ_turn", lo=0.0, hi=1.0)
+    lambda_turn: float = setting(1.0, "TB-GAE λ_turn", lo=0.0, hi=1.0)
+    gamma: float = setting(1.0, "GAE γ", lo=0.0, hi=1.0)
+    lam: float = setting(1.0, "GAE λ", lo=0.0, hi=1.0)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of `compute_advantages` for this estimator."""
+        if self.estimator == "tb_gae":
+            return {"estimator": "tb_gae", "gamma_turn": self.gamma_turn,
+                    "lambda_turn": self.lambda_turn}
+        return {"estimator": "gae", "gamma": self.gamma, "lam": self.lam}
+
+
+@dataclasses.dataclass(frozen=True)
+class PPO(Section):
+    """The PPO update of a rollout step (losses: `terminal_rsi.losses.PPOConfig`)."""
+
+    critic_warmup_steps: int = setting(4, "first rollout steps with critic-only updates",
+                                       lo=0)
+    epochs: int = setting(1, "passes over each rollout batch", lo=1)
+    critic_epochs: int | None = setting(None, "critic passes over each rollout batch (None: "
+                                        "ppo.epochs); more than the actor's, as verl's "
+                                        "critic.ppo_epochs, lets a young critic catch up "
+                                        "without larger actor steps", lo=1)
+    num_minibatches: int = setting(2, "minibatches per epoch (updates per epoch)", lo=1)
+    num_microbatches: int = setting(1, "gradient-accumulation slices per minibatch", lo=1)
+    clip_low: float = setting(0.3, "ε_low", lo=0.0, hi=0.999)
+    clip_high: float = setting(5.0, "ε_high", lo=0.0)
+    value_clip: float = setting(4.0, "ε_V", lo=1e-9)
+    aggregation: Aggregation = setting(Aggregation.SAMPLE_MEAN, "loss aggregation "
+                                       "(terminal_rsi.losses.Aggregation value)")
+    kl_coef: float = setting(0.0, "k3 KL(π_θ || π_ref) penalty per token, π_ref = the phase's "
+                             "input actor (paper: 0)", lo=0.0)
+    normalize_advantages: bool = setting(False, "whiten advantages over the batch's trained "
+                                         "tokens (mean 0, std 1) before the update (paper: "
+                                         "off)")
+    length_grouping: bool = setting(True, "minibatches of rows of similar length, each cut to "
+                                    "its own width (False: random minibatches at the full "
+                                    "width)")
+    mask_malformed: bool = setting(False, "leave replies that did not parse or hit the output "
+                                   "limit out of the policy loss (the critic still trains on "
+                                   "them; agent.malformed_mask; paper: off)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseEval(Section):
+    every: int = setting(3, "evaluate every N steps (0: never)", lo=0)
+    num_tasks: int = setting(2, "held-out tasks per evaluation", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointing(Section):
+    every: int = setting(2, "checkpoint every M steps (and at the end)", lo=1)
+    max_to_keep: int = setting(3, "checkpoints kept", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseConfig(Seeded):
+    """One RPR phase, or with mode warmup_critic the critic's warm-up pass."""
+
+    mode: str = setting("phase", "phase: RPR phase; warmup_critic: one critic-only pass",
+                        choices=MODES)
+    num_steps: int = setting(6, "rollout steps of the phase (mode=phase)", lo=1)
+    model: ModelSource = ModelSource()
+    init: InitWeights = InitWeights()
+    tasks: SplitTasks = SplitTasks()
+    harness: Harness = Harness()
+    rewards: Rewards = Rewards()
+    rollout: PhaseRollout = PhaseRollout()
+    advantage: Advantage = Advantage()
+    ppo: PPO = PPO()
+    actor_opt: Optimizer = Optimizer()
+    critic_opt: Optimizer = Optimizer(learning_rate=1e-3, grad_clip=100.0)
+    eval: PhaseEval = PhaseEval()
+    checkpoint: Checkpointing = Checkpointing()
+    mesh: Mesh = Mesh()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.harness.temperature <= 0.0:
+            raise SettingError(f"harness.temperature = {self.harness.temperature}: RPR "
+                               "optimizes the sampling policy softmax(logits / T), so T must "
+                               "be > 0")

@@ -1,0 +1,347 @@
+"""One rollout step of the RPR phase (§2.4), as named steps (`terminal_rsi.rpr.phase` loops
+over them):
+
+    state, row = run_step(phase, state)
+      collect      episodes of the current actor on the curriculum's next tasks
+      make_batch   pack, π_old, pre-token values, advantages (masked, optionally whitened)
+      update       `rpr.update.ppo_update`: critic-only through the warm-up, then joint
+      evaluate     held-out success every `eval.every` steps
+    save_checkpoint(phase, state)
+
+`Phase` is what stays fixed over a run (config, model, tasks, compiled steps, files);
+`PhaseState` is what one step hands to the next and a checkpoint stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from terminal_rsi.advantages import prepare_ppo_batch, whiten_advantages
+from terminal_rsi.agent import (
+    HarnessConfig,
+    RolloutScheduler,
+    SamplerPolicy,
+    SchedulerConfig,
+    malformed_mask,
+    pack_trajectories,
+)
+from terminal_rsi.agent.scheduler import logprob_gap
+from terminal_rsi.agent.trajectory import write_shard
+from terminal_rsi.alignment import trained_mask
+from terminal_rsi.checkpoint import RunCheckpointer
+from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
+from terminal_rsi.rpr import artifacts
+from terminal_rsi.rpr.curriculum import Curriculum
+from terminal_rsi.rpr.update import grouped_forward, minibatch_rows, ppo_update, update_widths
+from terminal_rsi.sampling import Buckets, Sampler
+from terminal_rsi.tasks import get_suite, open_task_sandbox
+from terminal_rsi.train_state import TrainState
+
+PACKED_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones",
+               "turn_ids")
+
+
+class PhaseError(RuntimeError):
+    """The phase cannot run as configured (no tasks, a batch that cannot be split, ...)."""
+
+
+def config_tasks(config, split, n_per_family, error: type[Exception] = PhaseError) -> list:
+    """The tasks of `config.tasks` (suite, families) in `split`; `error` if there are none."""
+    t = config.tasks
+    tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
+                           families=tuple(t.families) or None))
+    if not tasks:
+        raise error(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
+    return tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateFns:
+    """The compiled functions of the update: `ppo_step.make_actor_step` / `make_critic_step`
+    and `forward.make_logprob_fn` / `make_value_fn`."""
+
+    actor_step: Callable
+    critic_step: Callable
+    logprobs: Callable
+    values: Callable
+
+
+@dataclasses.dataclass
+class Phase:
+    """What stays fixed over one run of the phase. `curriculum` keeps its family statistics
+    (updated every step, saved in checkpoints); `eval_tasks` is loaded at the first eval."""
+
+    config: Any
+    tokenizer: Any
+    sampler: Sampler
+    pack_buckets: Buckets
+    fns: UpdateFns
+    num_steps: int
+    warmup_steps: int  # steps 1..warmup_steps update the critic only
+    curriculum: Curriculum
+    divisors: FamilyDivisors
+    ref_actor: TrainState | None  # π_ref of the KL penalty (None: no penalty)
+    advantage_kwargs: dict
+    traj_dir: str
+    checkpointer: RunCheckpointer
+    eval_tasks: list | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseState:
+    """What one rollout step hands to the next (and a checkpoint stores)."""
+
+    actor: TrainState
+    critic: TrainState
+    key: jax.Array
+    step: int = 0  # rollout steps done
+    data_position: int = 0  # training episodes launched so far
+    version: int = 0  # policy version: actor updates so far
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateBatch:
+    """The prepared PPO batch of one step and what its metrics need."""
+
+    packed: Any  # agent.PackedBatch
+    batch: dict  # `advantages.prepare_ppo_batch` arrays (+ ref_logprobs, policy_mask)
+    widths: np.ndarray  # [B] width of each row in the update (`update.update_widths`)
+    malformed: np.ndarray  # [B, L] tokens of malformed replies (`agent.malformed_mask`)
+    trained: np.ndarray  # [B, L] the trained tokens (`alignment.trained_mask`)
+    advantage_means: dict  # `advantage_means` before whitening
+
+
+def advantage_kwargs(advantage) -> dict:
+    """`compute_advantages` keywords of the `advantage` config section."""
+    if advantage.estimator == "tb_gae":
+        return {"estimator": "tb_gae", "gamma_turn": advantage.gamma_turn,
+                "lambda_turn": advantage.lambda_turn}
+    return {"estimator": "gae", "gamma": advantage.gamma, "lam": advantage.lam}
+
+
+def finite(x) -> float | None:
+    """float(x), or None when it is not finite (JSON has no NaN)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def mean_metrics(ms: list[dict], prefix: str) -> dict:
+    """`prefix/key`: the mean of each key over the update steps' metrics ({} without any)."""
+    if not ms:
+        return {}
+    keys = ms[0].keys()
+    return {f"{prefix}/{k}": finite(np.mean([float(m[k]) for m in ms])) for k in keys}
+
+
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None:
+    """1 - Var[G - V] / Var[G] over the batch's generated tokens (None if Var[G] = 0)."""
+    var = float(np.var(returns)) if returns.size else 0.0
+    if var <= 1e-12:
+        return None
+    return float(1.0 - np.var(returns - values) / var)
+
+
+def advantage_means(advantages, trained: np.ndarray,
+                    malformed: np.ndarray) -> dict[str, float | None]:
+    """Raw (pre-whitening) advantage means over the batch's trained tokens and over its
+    well-formed ones: their gap is the upward bias that centering on the well-formed tokens
+    alone would add (every malformed reply failed)."""
+    adv = np.asarray(advantages)
+
+    def mean(mask):
+        return float(adv[mask].mean()) if mask.any() else None
+
+    return {"adv_mean_trained": mean(trained), "adv_mean_wellformed": mean(trained & ~malformed)}
+
+
+def scheduler(phase: Phase, state: PhaseState, seed: int, oversample: float):
+    """A `RolloutScheduler` of the current actor, scored by the phase's frozen reward."""
+    c = phase.config
+    pol = SamplerPolicy(phase.sampler, state.actor.params, phase.tokenizer, seed=seed,
+                        version=state.version)
+    harness = HarnessConfig.from_config(c.harness, verify_backend=c.tasks.backend)
+
+    def sandbox(task):
+        return open_task_sandbox(task, c.tasks.backend, allow_plain=c.tasks.allow_plain_sandbox)
+
+    # rollout.progress forces the rollout bar; else it shows only on a terminal
+    return RolloutScheduler(pol, harness, sandbox, SchedulerConfig(
+        concurrency=c.rollout.concurrency, oversample=oversample,
+        progress=c.rollout.progress or None), scorer=EpisodeScorer(c.rewards.fn, phase.divisors))
+
+
+def _seed(key: jax.Array) -> int:
+    return int(jax.random.randint(key, (), 0, 2**31 - 1))
+
+
+def collect(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Generator):
+    """`rollout.batch_size` trainable episodes of the current actor on the curriculum's next
+    tasks. Returns (the scheduler's `RolloutResult`, state with the new data position)."""
+    r = phase.config.rollout
+    sched = scheduler(phase, state, _seed(key), r.oversample)
+    n_launch = sched.num_launch(r.batch_size)
+    launch = phase.curriculum.launch(n_launch, state.data_position, rng)
+    state = dataclasses.replace(state, data_position=state.data_position + n_launch)
+    res = sched.collect(launch, r.batch_size, policy_version=state.version)
+    if not res.trajectories:
+        raise PhaseError(f"step {state.step}: no trainable episodes ({res.errors[:3]})")
+    return res, state
+
+
+def make_batch(phase: Phase, state: PhaseState, trajectories: list) -> UpdateBatch:
+    """Pack the episodes; π_old (and π_ref) and the pre-token values, each row group at its
+    own width; advantages (`phase.advantage_kwargs`); the policy mask of `ppo.mask_malformed`
+    and the whitening of `ppo.normalize_advantages`."""
+    p, fns = phase.config.ppo, phase.fns
+    packed = pack_trajectories(trajectories, buckets=phase.pack_buckets)
+    batch = {k: getattr(packed, k) for k in PACKED_KEYS}
+    rows, n = batch["tokens"].shape[0], p.num_minibatches * p.num_microbatches
+    if rows % n:
+        raise PhaseError(f"packed batch of {rows} rows is not divisible by "
+                         f"num_minibatches * num_microbatches = {n}")
+    widths = update_widths(packed.segment_ids, phase.config.rollout.cache_multiple,
+                           p.length_grouping)
+    groups = minibatch_rows(widths, p.num_minibatches, np.random.default_rng(0),
+                            p.length_grouping)
+    logprobs = grouped_forward(fns.logprobs, groups, widths)
+    batch = prepare_ppo_batch(state.actor, state.critic, batch,
+                              num_microbatches=p.num_microbatches, logprob_fn=logprobs,
+                              value_fn=grouped_forward(fns.values, groups, widths),
+                              next_row=packed.next_row, **phase.advantage_kwargs)
+    if phase.ref_actor is not None:
+        batch["ref_logprobs"] = logprobs(phase.ref_actor, batch)
+    malformed = malformed_mask(packed, trajectories)
+    if p.mask_malformed:
+        batch["policy_mask"] = packed.gen_mask & ~malformed
+    trained = np.asarray(trained_mask(packed.gen_mask, batch["segment_ids"]))
+    means = advantage_means(batch["advantages"], trained, malformed)
+    if p.normalize_advantages:
+        # statistics over every trained token, malformed replies included: they are part of
+        # the on-policy sample, and all of them failed, so the kept tokens alone are a
+        # reward-selected subset whose mean is biased upward (centering on it would push
+        # down the successes the critic already expected)
+        batch["advantages"] = whiten_advantages(batch["advantages"], batch["gen_mask"],
+                                                batch["segment_ids"])
+    return UpdateBatch(packed, batch, widths, malformed, trained, means)
+
+
+def write_step_artifacts(phase: Phase, state: PhaseState, trajectories: list,
+                         ub: UpdateBatch) -> None:
+    """The step's episodes and its packed credit arrays (`rpr.artifacts`, contract C2)."""
+    name = artifacts.step_name("step", state.step)
+    for t in trajectories:
+        t.meta.update(rpr_step=state.step, rpr_mode=phase.config.mode)
+    write_shard(os.path.join(phase.traj_dir, f"{name}.jsonl"), trajectories)
+    artifacts.write_credit(os.path.join(phase.traj_dir, f"{name}.credit.npz"),
+                           artifacts.credit_arrays(ub.packed, jax.device_get(ub.batch)))
+
+
+def batch_metrics(state: PhaseState, ub: UpdateBatch) -> dict:
+    """Before the update: sampler vs trainer log-prob gap, the critic's explained variance,
+    policy lag (synchronous rollouts: always 0) and the malformed-token share."""
+    packed, batch, trained = ub.packed, ub.batch, ub.trained
+    real = packed.policy_version[packed.policy_version >= 0]
+    lag = state.version - real
+    return {
+        "truncated_rows": int(packed.truncated.sum()),
+        "malformed_token_frac": float(ub.malformed.sum() / max(packed.gen_mask.sum(), 1)),
+        **ub.advantage_means,
+        "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,
+        "policy_lag_max": int(np.max(lag)) if lag.size else 0,
+        "value_ev_pre_update": explained_variance(np.asarray(batch["old_values"])[trained],
+                                                  np.asarray(batch["returns"])[trained]),
+        **logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask),
+    }
+
+
+def update(phase: Phase, state: PhaseState, ub: UpdateBatch, rng: np.random.Generator):
+    """`ppo_update` of the step: critic-only for steps <= `phase.warmup_steps` (the actor
+    stays bit-identical), else joint (the policy version advances). Returns (state, metrics
+    of the update)."""
+    p = phase.config.ppo
+    critic_only = state.step <= phase.warmup_steps
+    actor, critic, cms, ams = ppo_update(
+        state.actor, state.critic, ub.batch, ub.widths, rng, actor_step=phase.fns.actor_step,
+        critic_step=phase.fns.critic_step, epochs=p.epochs, critic_epochs=p.critic_epochs,
+        num_minibatches=p.num_minibatches, length_grouping=p.length_grouping,
+        update_actor=not critic_only)
+    state = dataclasses.replace(state, actor=actor, critic=critic,
+                                version=state.version + (0 if critic_only else 1))
+    return state, {"critic_only": critic_only, "critic_updates": len(cms),
+                   "actor_updates": len(ams), **mean_metrics(cms, "critic"),
+                   **mean_metrics(ams, "actor")}
+
+
+def episode_metrics(trajectories: list) -> dict:
+    """Means over the step's training episodes."""
+    return {
+        "episodes": len(trajectories),
+        "reward_binary": float(np.mean([t.S for t in trajectories])),
+        "reward_dense": float(np.mean([t.reward for t in trajectories])),
+        "turns": float(np.mean([len(t.turns) for t in trajectories])),
+        "generated_tokens": float(np.mean([t.num_generated for t in trajectories])),
+    }
+
+
+def evaluate(phase: Phase, state: PhaseState, key: jax.Array) -> dict:
+    """Strict success and dense reward of the current actor on `eval.num_tasks` held-out
+    tasks; the episodes go to `trajectories/eval_<step>.jsonl`."""
+    c = phase.config
+    if phase.eval_tasks is None:
+        phase.eval_tasks = config_tasks(c, c.tasks.eval_split,
+                                        c.tasks.eval_n_per_family)[:c.eval.num_tasks]
+    tasks = phase.eval_tasks
+    ev = scheduler(phase, state, _seed(key), 0.0).collect(
+        tasks, len(tasks), policy_version=state.version, desc="eval")
+    for t in ev.trajectories:
+        t.meta.update(rpr_step=state.step, rpr_eval=True)
+    write_shard(os.path.join(phase.traj_dir, f"{artifacts.step_name('eval', state.step)}.jsonl"),
+                ev.trajectories)
+    return {"eval/success": ev.stats["success_rate"],
+            "eval/reward_dense": ev.stats["mean_reward_kept"],
+            "eval/episodes": len(ev.trajectories)}
+
+
+def run_step(phase: Phase, state: PhaseState) -> tuple[PhaseState, dict]:
+    """One rollout step: collect → make batch → update → evaluate. Returns the next state and
+    the step's metric row (floats finite or None)."""
+    t0 = time.monotonic()
+    key, k_roll, k_perm, k_eval = jax.random.split(state.key, 4)
+    state = dataclasses.replace(state, step=state.step + 1, key=key)
+    # one generator per step: the curriculum's draw, then the update's minibatches
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).ravel())
+    res, state = collect(phase, state, k_roll, rng)
+    ub = make_batch(phase, state, res.trajectories)
+    write_step_artifacts(phase, state, res.trajectories, ub)
+    before = batch_metrics(state, ub)
+    state, updated = update(phase, state, ub, rng)
+    phase.curriculum.update(res.trajectories)
+    row = {"step": state.step, "critic_only": updated.pop("critic_only"),
+           "policy_version": state.version, "data_position": state.data_position,
+           **episode_metrics(res.trajectories), **before, "dropped": len(res.dropped),
+           "episode_errors": len(res.errors), **updated,
+           "rollout_s": res.stats["elapsed_s"], **phase.curriculum.summary()}
+    if phase.config.eval.every and state.step % phase.config.eval.every == 0:
+        row.update(evaluate(phase, state, k_eval))
+    row["step_s"] = time.monotonic() - t0
+    return state, {k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()}
+
+
+def save_checkpoint(phase: Phase, state: PhaseState) -> None:
+    """A full resume checkpoint of the step (both train states, PRNG key, policy version,
+    data position, divisor table, curriculum statistics), waited for."""
+    ckpt = phase.checkpointer
+    ckpt.save(state.step, actor=state.actor, critic=state.critic, rngs={"phase": state.key},
+              policy_version=state.version, data_position=state.data_position,
+              extra={"divisors": phase.divisors.to_dict(), "mode": phase.config.mode,
+                     "curriculum": phase.curriculum.to_dict()},
+              force=True)
+    ckpt.wait()

