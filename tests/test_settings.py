@@ -13,7 +13,9 @@ import pytest
 
 from terminal_rsi import configuration, registry
 from terminal_rsi.configuration import ConfigError, build, config_dict, schema_of
+from terminal_rsi.losses import Aggregation
 from terminal_rsi.rpr.config import PhaseConfig
+from terminal_rsi.rpr.phase import ppo_config
 from terminal_rsi.settings import (
     Section,
     SettingError,
@@ -169,6 +171,15 @@ def test_phase_config_file_holds_only_differences_and_builds():
     assert changed == {"model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads",
                        "model.head_dim", "model.d_ff", "model.max_seq_len", "tasks.families"}
     assert set(schema_of(PhaseConfig)) == set(defaults)
+
+
+def test_a_phase_setting_reaches_the_losses():
+    c = _load(os.path.join(ROOT, "configs", "rpr_phase.py"))
+    c.ppo.entropy_coef, c.harness.temperature = 0.01, 0.6
+    cfg = registry.get_experiment("rpr_phase").check(c)
+    loss = ppo_config(cfg)  # the one mapping: same-named fields, the rollouts' temperature
+    assert (loss.entropy_coef, loss.temperature, loss.clip_high) == (0.01, 0.6, 5.0)
+    assert loss.aggregation is Aggregation.SAMPLE_MEAN
 
 
 def test_phase_cross_field_check_reaches_the_user():

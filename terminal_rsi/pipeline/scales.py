@@ -155,7 +155,7 @@ PAPER_HARNESS = {"system_prompt": "", "max_turns": 100_000, "max_output_tokens":
 PAPER_RPR = {"num_steps": 36, "rollout.batch_size": 256, "rollout.oversample": 0.125,
              "rollout.cache_multiple": 2048, "rollout.curriculum": "cyclic",
              "ppo.clip_low": 0.30, "ppo.clip_high": 5.00, "ppo.value_clip": 4.0,
-             "ppo.kl_coef": 0.0, "ppo.normalize_advantages": False,
+             "ppo.kl_coef": 0.0, "ppo.entropy_coef": 0.0, "ppo.normalize_advantages": False,
              "ppo.mask_malformed": False,
              "actor_opt.learning_rate": 5e-7, "actor_opt.b1": 0.9, "actor_opt.b2": 0.98,
              "actor_opt.weight_decay": 0.1, "actor_opt.grad_clip": 1.0,

@@ -88,6 +88,7 @@ class PPO(Section):
                                        "(terminal_rsi.losses.Aggregation value)")
     kl_coef: float = setting(0.0, "k3 KL(π_θ || π_ref) penalty per token, π_ref = the phase's "
                              "input actor (paper: 0)", lo=0.0)
+    entropy_coef: float = setting(0.0, "entropy bonus per token (paper: 0)", lo=0.0)
     normalize_advantages: bool = setting(False, "whiten advantages over the batch's trained "
                                          "tokens (mean 0, std 1) before the update (paper: "
                                          "off)")

@@ -28,9 +28,9 @@ PAPER = [
       for s in ("rpr1_fdr", "rpr2_spr")],
     *[(s, "actor_opt.grad_clip", 1.0, "App. A: actor-gradient clipping at 1.00")
       for s in ("rpr1_fdr", "rpr2_spr")],
-    *[(s, f"ppo.{k}", v, "App. A: policy clipping 0.30 and 5.00, KL coefficient 0.00")
+    *[(s, f"ppo.{k}", v, "App. A: policy clipping 0.30 and 5.00, KL and entropy 0.00")
       for s in ("rpr1_fdr", "rpr2_spr") for k, v in (("clip_low", 0.30), ("clip_high", 5.00),
-                                                    ("kl_coef", 0.0))],
+                                                    ("kl_coef", 0.0), ("entropy_coef", 0.0))],
     *[(s, "rollout.batch_size", 256, "App. A: rollout and global batch sizes are 256")
       for s in ("rpr1_fdr", "rpr2_spr")],
     *[(s, "harness.temperature", 1.0, "App. A: one response per task at temperature 1.00")
