@@ -13,7 +13,7 @@ import pytest
 
 from terminal_rsi.agent import read_shard
 from terminal_rsi.agent.harness import DEFAULT_SYSTEM_PROMPT
-from terminal_rsi.models import loading, weights
+from terminal_rsi.models import loading, source, weights
 from terminal_rsi.pipeline.handoff import restore_export, same_params
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError
 from tests.pipeline.helpers import small_config
@@ -32,7 +32,7 @@ def run(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("pipe_gguf"))
     logs: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loading, "smollm2_gguf_path", lambda: path)
+        mp.setattr(source, "smollm2_gguf_path", lambda: path)  # where gguf_path looks
         pipe = Pipeline(small_config(model="smollm2_135m"), d, log=logs.append)
         pipe.run()
         tok = loading.load_model(pipe.stage_config("rsr1")).tokenizer
