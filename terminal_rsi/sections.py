@@ -192,10 +192,6 @@ class Mesh(Section):
     fsdp: int | None = setting(None, "fsdp mesh axis size (None: the remaining devices)", lo=1)
     tensor: int | None = setting(None, "tensor mesh axis size (None: inferred)", lo=1)
 
-    def shape(self) -> dict[str, int]:
-        """The axis sizes that are set (unset axes are inferred by `sharding.make_mesh`)."""
-        return {k: int(v) for k, v in self.items() if v is not None}
-
 
 @dataclasses.dataclass(frozen=True)
 class Distributed(Section):

@@ -195,10 +195,15 @@ def _coerce(value: Any, spec: Setting, enum_type: type | None) -> Any:
     return value
 
 
-def _enum_type(cls: type, name: str) -> type | None:
-    tp = typing.get_type_hints(cls)[name]
-    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
-    return args[0] if isinstance(args[0], type) and issubclass(args[0], enum.Enum) else None
+@functools.cache
+def _enum_types(cls: type) -> dict[str, type]:
+    """{field name: its Enum class} of the Enum-typed leaves of a Section class."""
+    out = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        if isinstance(args[0], type) and issubclass(args[0], enum.Enum):
+            out[name] = args[0]
+    return out
 
 
 class Section(Mapping):
@@ -214,7 +219,7 @@ class Section(Mapping):
                     raise SettingError(f"{cls.__name__}.{name} = {value!r}; expected a "
                                        f"{spec.__name__}")
                 continue
-            enum_type = _enum_type(cls, name)
+            enum_type = _enum_types(cls).get(name)
             raw = value.value if isinstance(value, enum.Enum) else value
             problem = spec.error(f"{cls.__name__}.{name}", raw)
             if problem:

@@ -31,12 +31,12 @@ from ml_collections.config_dict import placeholder
 from terminal_rsi import registry
 from terminal_rsi.configuration import ConfigError, flatten
 from terminal_rsi.models.source import check_model_source
+from terminal_rsi.pipeline.config import ModelDims
 from terminal_rsi.pipeline.graph import BASES, RPR1, STAGES, StageSpec
-from terminal_rsi.settings import SettingError
+from terminal_rsi.settings import SettingError, specs
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODEL_DIMS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-              "d_ff", "max_seq_len")
+MODEL_DIMS = tuple(specs(ModelDims))  # the tiny model dims a scale or the user may set
 TASK_KEYS = ("suite", "families", "n_per_family", "backend", "allow_plain_sandbox",
              "eval_n_per_family")
 # shared settings the evaluation config takes besides model.* and harness.*

@@ -42,7 +42,7 @@ from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.curriculum import Curriculum
 from terminal_rsi.rpr.update import grouped_forward, minibatch_rows, ppo_update, update_widths
 from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import get_suite, open_task_sandbox
+from terminal_rsi.tasks import open_task_sandbox, pool_tasks
 from terminal_rsi.train_state import TrainState
 
 PACKED_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones",
@@ -53,14 +53,10 @@ class PhaseError(RuntimeError):
     """The phase cannot run as configured (no tasks, a batch that cannot be split, ...)."""
 
 
-def config_tasks(config, split, n_per_family, error: type[Exception] = PhaseError) -> list:
-    """The tasks of `config.tasks` (suite, families) in `split`; `error` if there are none."""
-    t = config.tasks
-    tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
-                           families=tuple(t.families) or None))
-    if not tasks:
-        raise error(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
-    return tasks
+def config_tasks(config, split, n_per_family) -> list:
+    """The tasks of `config.tasks` (suite, families) in `split`; PhaseError if there are
+    none."""
+    return pool_tasks(config.tasks, split, n_per_family, PhaseError)
 
 
 @dataclasses.dataclass(frozen=True)

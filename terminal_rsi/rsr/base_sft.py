@@ -50,6 +50,7 @@ from terminal_rsi.rsr.guidance import execution_harness
 from terminal_rsi.rsr.runbook import digest_runbook
 from terminal_rsi.rsr.sft import make_sft_step, train_sft
 from terminal_rsi.sampling import Buckets
+from terminal_rsi.tasks import pool_tasks
 from terminal_rsi.train_state import TrainState
 
 # the experiment's typed config: every setting, its default and what it allows
@@ -118,7 +119,8 @@ def evaluate(actor, mcfg, tokenizer, config, tasks, *, guided: bool, seed: int,
 def load_demonstrations(config, tokenizer, rng, trajdir: str) -> tuple[list, list, dict]:
     """Step 1: the training tasks and their verified demonstrations
     (trajectories/demos.jsonl) with their counts."""
-    tasks = cm.stage_tasks(config, config.tasks.train_split, config.tasks.n_per_family)
+    tasks = pool_tasks(config.tasks, config.tasks.train_split, config.tasks.n_per_family,
+                       cm.StageError)
     demos, stats = render_demonstrations(config, tasks, tokenizer, rng)
     write_shard(os.path.join(trajdir, "demos.jsonl"), demos)
     return tasks, demos, stats
@@ -128,8 +130,8 @@ def heldout_tasks(config) -> list:
     """The first `eval.num_tasks` held-out instances (`tasks.eval_split`); none with 0."""
     if not config.eval.num_tasks:
         return []
-    return cm.stage_tasks(config, config.tasks.eval_split,
-                          config.tasks.eval_n_per_family)[:config.eval.num_tasks]
+    return pool_tasks(config.tasks, config.tasks.eval_split, config.tasks.eval_n_per_family,
+                      cm.StageError)[:config.eval.num_tasks]
 
 
 @dataclasses.dataclass

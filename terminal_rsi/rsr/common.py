@@ -30,7 +30,7 @@ from terminal_rsi.models.loading import initial_actor_params
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import get_suite, open_task_sandbox
+from terminal_rsi.tasks import open_task_sandbox
 from terminal_rsi.train_state import OptimizerConfig, create_train_state, make_optimizer
 
 SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
@@ -45,17 +45,6 @@ def harness_from_config(config, **overrides):
     """The target harness H0 from `config.harness` (+ `overrides`, e.g. sampling)."""
     return HarnessConfig.from_config(config.harness, **{
         "name": "H0", "verify_backend": config.tasks.backend, **overrides})
-
-
-def stage_tasks(config, split: str, n_per_family: int | None) -> list:
-    """The tasks of `config.tasks` (suite, families) in `split`; StageError if there are
-    none."""
-    t = config.tasks
-    tasks = list(get_suite(t.suite, split, n_per_family=n_per_family,
-                           families=tuple(t.families) or None))
-    if not tasks:
-        raise StageError(f"no tasks in suite {t.suite!r} split {split!r}; check config.tasks")
-    return tasks
 
 
 def task_sandbox(config):

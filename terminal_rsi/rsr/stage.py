@@ -66,6 +66,7 @@ from terminal_rsi.rsr.planner import make_planner
 from terminal_rsi.rsr.reviewer import Reviewer, leak_screen, privileged_strings
 from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
 from terminal_rsi.sampling import Buckets
+from terminal_rsi.tasks import pool_tasks
 from terminal_rsi.train_state import TrainState
 
 # the experiment's typed config: every setting, its default and what it allows
@@ -259,8 +260,8 @@ def setup_stage(config, workdir: str) -> tuple[StageSetup, TrainState]:
         import_params(config.init.critic_weights, "critic", model.config)
         if config.init.critic_weights else critic_params_from_actor(actor.params))
     setup = StageSetup(config, model.tokenizer, model.config, cm.harness_from_config(config),
-                       cm.stage_tasks(config, config.tasks.train_split,
-                                      config.tasks.n_per_family),
+                       pool_tasks(config.tasks, config.tasks.train_split,
+                                  config.tasks.n_per_family, cm.StageError),
                        cm.task_sandbox(config), export, trajdir, critic_in,
                        jax.tree.map(lambda x: np.array(x, copy=True), critic_in))
     return setup, actor

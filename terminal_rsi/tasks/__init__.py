@@ -9,7 +9,7 @@ CTRF verification, and the built-in procedural suite. See docs/tasks.md.
 """
 
 from terminal_rsi.tasks.harbor import load_harbor_task, load_task_dir, load_task_dirs
-from terminal_rsi.tasks.registry import SPLITS, get_suite
+from terminal_rsi.tasks.registry import SPLITS, get_suite, pool_tasks
 from terminal_rsi.tasks.spec import (
     Environment,
     EnvironmentUnavailable,
@@ -33,6 +33,7 @@ from terminal_rsi.tasks.verify import (
 __all__ = [
     "SPLITS", "CheckResult", "Environment", "EnvironmentUnavailable", "Metadata", "Task",
     "TaskFormatError", "VerificationResult", "VerifierError", "VerifierSpec", "ctrf_document",
-    "get_suite", "load_harbor_task", "load_task_dir", "load_task_dirs",
+    "get_suite",
+    "pool_tasks", "load_harbor_task", "load_task_dir", "load_task_dirs",
     "load_terminal_bench_task", "open_task_sandbox", "run_reference", "run_solution", "verify",
 ]

@@ -56,6 +56,17 @@ def get_suite(name: str, split: str = "train", *, n_per_family: int | None = Non
     raise ValueError(f"unknown suite {name!r}: use 'builtin' or a directory of task dirs")
 
 
+def pool_tasks(pool, split: str, n_per_family: int | None,
+               error: type[Exception] = ValueError) -> list[Task]:
+    """The tasks of a config's task pool `pool` (its `suite` and `families`; empty families:
+    all in the split) in `split`; `error` (the caller's error type) if there are none."""
+    tasks = list(get_suite(pool.suite, split, n_per_family=n_per_family,
+                           families=tuple(pool.families) or None))
+    if not tasks:
+        raise error(f"no tasks in suite {pool.suite!r} split {split!r}; check config.tasks")
+    return tasks
+
+
 def _builtin_iter(fams, keep, n_per_family, start_seed, make_task) -> Iterator[Task]:
     counts = dict.fromkeys(fams, 0)
     seeds = dict.fromkeys(fams, start_seed)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import collections
+import types
 
 import pytest
 
 from terminal_rsi.rewards import parse_ctrf
-from terminal_rsi.tasks import VerifierError, get_suite
+from terminal_rsi.tasks import VerifierError, get_suite, pool_tasks
 from terminal_rsi.tasks.builtin import (
     FAMILIES,
     HELDOUT_FAMILIES,
@@ -209,3 +210,19 @@ def test_tasks_pickle_and_still_verify():
             _attempt(sb, turn)
         r = verify(task, sb, backend=BACKEND)
     assert (r.S, r.P, r.N) == (1, task.expected_checks, task.expected_checks)
+
+
+def test_pool_tasks_reads_a_config_pool_and_raises_the_callers_error():
+    pool = types.SimpleNamespace(suite="builtin", families=("count_lines",))
+    got = pool_tasks(pool, "train", 2)
+    assert [t.id for t in got] == [t.id for t in get_suite(
+        "builtin", "train", n_per_family=2, families=("count_lines",))]
+    assert {t.family for t in pool_tasks(types.SimpleNamespace(suite="builtin", families=()),
+                                         "heldout_families", 1)} == set(HELDOUT_FAMILIES)
+
+    class Mine(RuntimeError):
+        pass
+
+    with pytest.raises(Mine, match="no tasks in suite 'builtin' split 'train'; check "
+                                   "config.tasks"):
+        pool_tasks(pool, "train", 0, Mine)
