@@ -65,6 +65,13 @@ from terminal_rsi.sandbox.base import (
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError, SandboxLost
+from terminal_rsi.sandbox.terminal import (
+    Channel,
+    TmuxSession,
+    new_token,
+    shell_env,
+    tmux_argv,
+)
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +208,9 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self._mounted = False
         self.cgroup: cgroups.SandboxCgroup | None = None
+        self.session: TmuxSession | None = None
+        self._session_pid: int | None = None  # a process inside the session's namespaces
+        self._session_pidns: int | None = None
         base = base_dir or tempfile.gettempdir()
         if _is_root():
             _check_traversable(base)
@@ -255,12 +265,17 @@ class LocalSandbox(Sandbox):
         return "; ".join(f"ulimit -S -H {x}" for x in lim)
 
     def _argv(self, command: str, rel_cwd: str, timeout: float,
-              env: Mapping[str, str]) -> list[str]:
+              env: Mapping[str, str], join_net: int | None = None) -> list[str]:
         """The exec's process chain. Every wrapper runs with `_wrapper_env` and ``bash -p``
         (no BASH_ENV, ENV, SHELLOPTS or imported functions); the sandbox's environment
         ``env`` reaches only the final ``bash -c command`` (``env -i`` in plain mode,
         ``--clearenv --setenv`` under bubblewrap), so nothing a task or client puts in it
-        (BASH_ENV, LD_PRELOAD, ...) acts in the wrapper, which starts as root."""
+        (BASH_ENV, LD_PRELOAD, ...) acts in the wrapper, which starts as root.
+
+        ``join_net``: the pid of a process inside a live terminal session; the command's
+        bubblewrap then keeps that session's network namespace (``nsenter --net`` before
+        it, ``--share-net`` in it) so it reaches what the session serves on loopback. Its
+        own PID, mount and IPC namespaces stay fresh: it still ends with its command."""
         # Innermost wrapper, as the sandbox uid: no survivor of a dead parent, rlimits.
         guard = f'[ "$PPID" = "{os.getpid()}" ] || exit 111; ' if _pdeathsig() else ""
         if self.mode == "plain":
@@ -271,7 +286,7 @@ class LocalSandbox(Sandbox):
                      "trsi", *final]
         else:
             bw = [_tool("bwrap"), "--unshare-all", "--die-with-parent", "--new-session"]
-            if self.spec.network:
+            if self.spec.network or join_net is not None:
                 bw.append("--share-net")
             bw += _bwrap_root_args()
             bw += ["--proc", "/proc", "--dev", "/dev", "--bind", self.ws, SANDBOX_WORKDIR,
@@ -284,14 +299,20 @@ class LocalSandbox(Sandbox):
             bw += ["/bin/bash", "-c", command]
             inner = ["/bin/bash", "-p", "-c", f'{guard}{self._ulimits(timeout)}; exec "$@"',
                      "trsi", *bw]
+        if join_net is not None and self.mode == "plain":
+            join_net = None  # plain mode shares the host's network already
         if self.uid is None or not _pdeathsig():
-            return [*_pdeathsig(), *inner]
+            netns = ([_tool("nsenter"), f"--target={join_net}", "--user", "--net",
+                      "--preserve-credentials", "--"] if join_net is not None else [])
+            return [*_pdeathsig(), *netns, *inner]
         # As root: join the sandbox's cgroups, then drop to its uid (setpriv sets the
         # parent-death signal after the uid change, which would clear it).
         join = "".join(f'echo $$ > {shlex.quote(f)} || exit 112; '
                        for f in (self.cgroup.procs_files if self.cgroup else ()))
-        drop = (f'exec {shlex.quote(_tool("setpriv"))} --reuid={self.uid} --regid={self.uid} '
-                f'--clear-groups --pdeathsig KILL -- "$@"')
+        netns = (f'{shlex.quote(_tool("nsenter"))} --net=/proc/{join_net}/ns/net -- '
+                 if join_net is not None else "")
+        drop = (f'exec {netns}{shlex.quote(_tool("setpriv"))} --reuid={self.uid} '
+                f'--regid={self.uid} --clear-groups --pdeathsig KILL -- "$@"')
         return ["/bin/bash", "-p", "-c", join + drop, "trsi", *inner]
 
     def _wrapper_env(self) -> dict[str, str]:
@@ -315,6 +336,13 @@ class LocalSandbox(Sandbox):
         found.discard(os.getpid())
         return sorted(found)
 
+    def _find_outside_session(self) -> list[int]:
+        """The sandbox's processes but those of its live session (bwrap: its PID
+        namespace), which an exec's cleanup must spare."""
+        if self._session_pidns is None:
+            return self._find()
+        return [p for p in self._find() if procs.ns_inode(p, "pid") != self._session_pidns]
+
     def _kill_all(self, proc: subprocess.Popen | None) -> None:
         if proc is not None:
             try:
@@ -322,6 +350,18 @@ class LocalSandbox(Sandbox):
             except (ProcessLookupError, PermissionError):
                 pass
         procs.freeze_and_kill(self._find)
+
+    def _kill_exec(self, proc: subprocess.Popen | None) -> None:
+        """End an exec's processes. With a live session in plain mode that is the exec's
+        process group only (what it detached lives until close); otherwise every process
+        of the sandbox outside the session."""
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not (self.session is not None and self.session.alive and self.mode == "plain"):
+            procs.freeze_and_kill(self._find_outside_session)
 
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
              cwd: str | None = None) -> ExecResult:
@@ -341,7 +381,8 @@ class LocalSandbox(Sandbox):
             t0 = time.monotonic()
             try:
                 proc = subprocess.Popen(
-                    self._argv(command, rel, timeout, full_env), stdin=subprocess.DEVNULL,
+                    self._argv(command, rel, timeout, full_env, join_net=self._live_netns()),
+                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._wrapper_env(),
                     cwd=host_cwd if self.mode == "plain" else self.ws,
                     start_new_session=True, close_fds=True, **kw)
@@ -352,11 +393,11 @@ class LocalSandbox(Sandbox):
                 timed_out = self._pump(proc, cap_out, cap_err, t0 + timeout)
             finally:
                 if proc.poll() is None:
-                    self._kill_all(proc)
+                    self._kill_exec(proc)
                 proc.wait()
                 if timed_out or self.mode == "plain" or proc.returncode != 0:
                     # bwrap: a clean exit of the namespace's init already killed the rest.
-                    self._kill_all(None)
+                    self._kill_exec(None)
             if proc.returncode == 112:
                 raise InfrastructureError(f"sandbox {self.id}: the command could not join "
                                           "its cgroup")
@@ -381,13 +422,13 @@ class LocalSandbox(Sandbox):
                     exited_at = now
                     if self.mode == "plain":
                         # Escaped children may hold the pipes open: they die with the command.
-                        self._kill_all(None)
+                        self._kill_exec(proc)
                 if exited_at is None and self._closed:
                     self._kill_all(proc)  # closed from another thread
                     exited_at = time.monotonic()
                 if not timed_out and exited_at is None and now >= deadline:
                     timed_out = True
-                    self._kill_all(proc)
+                    self._kill_exec(proc)
                     exited_at = time.monotonic()
                 if exited_at is not None and now - exited_at > 3.0:
                     break  # pipes held by something unkillable; give up reading
@@ -403,6 +444,65 @@ class LocalSandbox(Sandbox):
             proc.stdout.close()
             proc.stderr.close()
         return timed_out
+
+    # --------------------------------------------------------------- session
+    def _live_netns(self) -> int | None:
+        """The pid whose network namespace an exec joins: the live session's (bwrap)."""
+        if self.session is not None and self.session.alive and self._session_pid is not None:
+            return self._session_pid
+        return None
+
+    def open_session(self, lifetime_s: float = 3600.0) -> TmuxSession:
+        """Start the sandbox's terminal session (`terminal_rsi.sandbox.terminal`): tmux
+        inside the sandbox (bubblewrap: one long-lived sandbox process in its own
+        namespaces; plain: the sandbox uid), as the same uid, cgroups, rlimits and
+        environment as an exec; ``lifetime_s`` bounds each of its processes' CPU time.
+        While it lives, exec runs in its network namespace (what it serves is reachable)."""
+        tmux = _tool("tmux")
+        if tmux is None:
+            raise InfrastructureError("tmux is not installed on this host; `apt-get install "
+                                      "tmux` (terminal sessions run in tmux)")
+        with self._lock:
+            self._check_open()
+            if self.session is not None and self.session.alive:
+                raise BadRequest(f"sandbox {self.id} already has a terminal session; close "
+                                 "it before opening another")
+            token = new_token()
+            sock = ("/tmp" if self.mode == "bwrap" else self.tmp) + "/.trsi-tmux"
+            cmd = shlex.join(["exec", *tmux_argv(sock, tmux, env=shell_env(token))])
+            kw = {}
+            if self.uid is not None and not _pdeathsig():
+                kw = dict(user=self.uid, group=self.uid, extra_groups=[])
+            try:
+                proc = subprocess.Popen(
+                    self._argv(cmd, ".", lifetime_s, self._env(None)), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self._wrapper_env(),
+                    cwd=self.ws, start_new_session=True, close_fds=True, **kw)
+            except OSError as e:
+                raise InfrastructureError(f"cannot start the terminal session: {e}") from e
+            if self.mode == "bwrap":
+                self._session_pid = procs.descendant_in_other_ns(proc.pid, "pid")
+                self._session_pidns = (procs.ns_inode(self._session_pid, "pid")
+                                       if self._session_pid else None)
+            self.session = TmuxSession(
+                _PipeChannel(proc), token, self.spec.max_output_bytes,
+                on_close=lambda: self._end_session(proc))
+            return self.session
+
+    def _end_session(self, proc: subprocess.Popen) -> None:
+        """Everything the session started dies: bwrap, its PID namespace; plain, every
+        process of the sandbox (no exec leaves one behind)."""
+        pidns = self._session_pidns
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if pidns is not None:
+            procs.freeze_and_kill(lambda: procs.pids_in_ns("pid", pidns))
+        else:
+            procs.freeze_and_kill(self._find)
+        proc.wait()
+        self._session_pid = self._session_pidns = None
 
     # ----------------------------------------------------------------- files
     def _is_workspace_dir(self, rel: str) -> bool:
@@ -431,6 +531,8 @@ class LocalSandbox(Sandbox):
                 return
             self._closed = True
         # Kill first, without the exec lock: this ends an exec in flight (its pump notices).
+        if self.session is not None:
+            self.session.close()
         self._kill_all(None)
         with self._lock:
             try:
@@ -442,6 +544,31 @@ class LocalSandbox(Sandbox):
                 if self.uid is not None:
                     with _uid_lock:
                         _uids_in_use.discard(self.uid)
+
+
+class _PipeChannel(Channel):
+    """The pipes of a local tmux control client."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def write(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def read(self) -> bytes:
+        return os.read(self.proc.stdout.fileno(), 1 << 16)
+
+    def close(self) -> None:
+        for f in (self.proc.stdin,):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _remove_root(root: str, mounted: bool) -> None:

@@ -171,3 +171,47 @@ def freeze_and_kill(find: Callable[[], list[int]], deadline_s: float = 5.0) -> i
                 pass
         time.sleep(0.005)
     return killed
+
+
+def ns_inode(pid: int | str, kind: str) -> int | None:
+    """The inode of ``/proc/<pid>/ns/<kind>`` (e.g. "net", "pid"): equal inodes, same
+    namespace. None if the process is gone or unreadable."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def descendant_in_other_ns(pid: int, kind: str = "pid", timeout_s: float = 10.0) -> int | None:
+    """The first descendant of ``pid`` living in another ``kind`` namespace than ``pid``
+    (the inside of a bubblewrap sandbox it started), waiting up to ``timeout_s`` for it."""
+    mine = ns_inode(pid, kind)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        todo, seen = [pid], set()
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            ino = ns_inode(p, kind)
+            if ino is not None and mine is not None and ino != mine:
+                return p
+            todo.extend(_children(p))
+        if mine is None:
+            return None
+        time.sleep(0.01)
+    return None
+
+
+def pids_in_ns(kind: str, inode: int) -> list[int]:
+    """Pids whose ``kind`` namespace has inode ``inode``."""
+    return [p for p in _pids() if ns_inode(p, kind) == inode]

@@ -1,0 +1,434 @@
+"""A terminal session per sandbox: tmux, driven in control mode, as Terminal-Bench uses it.
+
+    with open_sandbox(spec, backend="local") as sb:
+        term = sb.open_session()
+        term.run("cd sub; export X=1\\n", timeout=5)      # typed literally; \\n is Enter
+        out = term.run("python3 -m http.server 8000 &\\n", timeout=2)
+        sb.exec("curl -s localhost:8000")                 # exec sees what the session left
+        term.run("sleep 100\\n", timeout=0.5).done        # False: still running
+        term.run("C-c", timeout=2)                        # a tmux key name is pressed
+
+One interactive ``bash`` runs in a tmux pane for the life of the session, so ``cd``,
+``export``, functions, an activated virtualenv and background jobs persist between
+commands and turns, and an interactive program (a REPL, a y/n prompt, ``less``) reads what
+is typed next. The backend starts one tmux *control-mode* client inside the sandbox
+(`TMUX_ARGV`) and hands this module a byte pipe to it (:class:`Channel`); the client is the
+session's lifeline (when it ends, the backend ends everything the session started).
+
+Operations (all backends alike, including the HTTP bridge, which forwards them):
+
+``send(keystrokes)``
+    Terminus semantics: a string that is exactly a tmux key name (``C-c``, ``C-d``, ``Up``,
+    ``Escape``, ``Enter``, ``M-x``, ``F5`` ...) presses that key; anything else is typed
+    literally, byte for byte (``send-keys -H``), with each newline pressed as Enter. Nothing
+    is appended: text without a trailing newline is typed but not run.
+``wait(timeout, prompts=n)``
+    Until the shell has shown ``n`` more prompts (the command is done), or, with ``n=0``,
+    until the output has been quiet for ``settle_s``; at most ``timeout`` seconds. A
+    command still running at the timeout keeps running.
+``read()``
+    The output that arrived since the last read (the pane's byte stream as tmux forwards
+    it, not a screen scrape: scrollback is never lost), with escape sequences removed and
+    carriage returns applied, head and tail kept within ``max_output_bytes``.
+``run(keystrokes, timeout)``
+    ``send`` + ``wait`` (for as many prompts as Enter presses) + ``read``: a
+    :class:`SessionOutput` saying whether the command finished.
+
+Completion is seen through the shell's prompt: ``PROMPT_COMMAND`` prints an invisible
+OSC sequence with a per-session token and ``$?``. A program that clears it only makes
+``wait`` run to its timeout.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from terminal_rsi.sandbox.base import MAX_COMMAND_BYTES, MiB, OutputCap, check_text
+from terminal_rsi.sandbox.errors import BadRequest, SandboxLost
+
+SESSION_NAME = "trsi"
+WIDTH, HEIGHT = 200, 50
+SETTLE_S = 0.15
+MAX_WAIT_S = 24 * 3600.0
+_OSC_ID = b"7770"
+# tmux key names a whole keystrokes string may be (anything else is typed literally)
+_NAMED_KEYS = ("Enter", "Escape", "Tab", "BTab", "BSpace", "Space", "Up", "Down", "Left",
+               "Right", "Home", "End", "PageUp", "PageDown", "PgUp", "PgDn", "NPage", "PPage",
+               "Insert", "IC", "DC", "Delete")
+_KEY_RE = re.compile(r"(?:(?:[CMS]-)+(?:[!-~]|%s|F(?:[1-9]|1[0-2]))|%s|F(?:[1-9]|1[0-2]))"
+                     % ("|".join(_NAMED_KEYS), "|".join(_NAMED_KEYS)))
+HEX_CHUNK = 2048  # bytes per send-keys command
+
+
+def is_key_name(keystrokes: str) -> bool:
+    """True when ``keystrokes`` is exactly one tmux key name (``C-c``, ``Up``, ``M-x``...)."""
+    return bool(_KEY_RE.fullmatch(keystrokes))
+
+
+def expected_prompts(keystrokes: str) -> int:
+    """Prompts the shell shows once ``keystrokes`` are handled: one per Enter (a newline or
+    the Enter / C-m / C-j key) and one for C-c (a new prompt); 0 for other keys."""
+    if is_key_name(keystrokes):
+        return int(keystrokes in ("Enter", "C-m", "C-j", "C-c"))
+    return keystrokes.count("\n")
+
+
+def shell_env(token: str) -> dict[str, str]:
+    """The session shell's own variables: a plain prompt that reports completion, no
+    history file, and ``IGNOREEOF`` so a stray C-d at the prompt does not end the shell."""
+    return {
+        "PS1": r"\w\$ ",
+        "PROMPT_COMMAND": f"printf '\\033]{_OSC_ID.decode()};%s;%s\\007' {token} $?",
+        "HISTFILE": "/dev/null",
+        "IGNOREEOF": "10",
+        "TERM": "screen",
+    }
+
+
+def tmux_argv(socket_path: str, tmux: str = "tmux", env: Mapping[str, str] | None = None,
+              width: int = WIDTH, height: int = HEIGHT) -> list[str]:
+    """The control-mode client that starts the session's server and shell (the argv a
+    backend runs in the sandbox with a pipe on stdin and stdout)."""
+    argv = [tmux, "-C", "-f", "/dev/null", "-S", socket_path, "new-session", "-s",
+            SESSION_NAME, "-x", str(width), "-y", str(height)]
+    for k, v in (env or {}).items():
+        argv += ["-e", f"{k}={v}"]
+    return argv + ["--", "/bin/bash", "--noprofile", "--norc", "-i"]
+
+
+# ---------------------------------------------------------------------------- output text
+
+_OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)")
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_ESC = re.compile(r"\x1b(?:[()*+][0-9A-Za-z]|[ -/]*[0-~]|$)")
+_CTRL = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _overlay(line: str) -> str:
+    """A line with carriage returns applied: each segment overwrites the start of the line."""
+    out = ""
+    for seg in line.split("\r"):
+        out = seg + out[len(seg):]
+    return out
+
+
+def _backspace(line: str) -> str:
+    out: list[str] = []
+    for c in line:
+        if c == "\b":
+            if out:
+                out.pop()
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def terminal_text(raw: str) -> str:
+    """What a reader of the terminal sees in ``raw`` pane output: escape sequences
+    removed, CR LF as a newline, a lone CR overwriting its line, backspaces applied, other
+    control characters dropped (newline and tab kept)."""
+    text = _ESC.sub("", _CSI.sub("", _OSC.sub("", raw)))
+    text = text.replace("\r\n", "\n")
+    lines = []
+    for line in text.split("\n"):
+        if "\b" in line:
+            line = _backspace(line)
+        if "\r" in line:
+            line = _overlay(line)
+        lines.append(_CTRL.sub("", line))
+    return "\n".join(lines)
+
+
+_OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
+def _unescape(data: bytes) -> bytes:
+    """tmux control mode writes non-printable bytes and backslash as ``\\ooo``."""
+    return _OCTAL.sub(lambda m: bytes((int(m[1], 8) & 0xFF,)), data)
+
+
+# ---------------------------------------------------------------------------- session
+
+
+class Channel(abc.ABC):
+    """A byte pipe to the session's tmux control client in the sandbox (backend-made)."""
+
+    @abc.abstractmethod
+    def write(self, data: bytes) -> None:
+        """Send bytes to the client's stdin; OSError when it is gone."""
+
+    @abc.abstractmethod
+    def read(self) -> bytes:
+        """Block for the next bytes of the client's stdout; b"" at its end."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the client and everything the session started (idempotent)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionOutput:
+    """What a reader of the terminal got.
+
+    text: new output since the previous read (see `terminal_text`), head and tail kept.
+    done: the shell showed every prompt waited for (the command finished).
+    exit_code: ``$?`` of the last command the shell reported at a prompt (None: none yet).
+    truncated: output was cut to the cap. alive: the shell still runs.
+    duration_s: seconds waited.
+    """
+
+    text: str
+    done: bool
+    exit_code: int | None = None
+    truncated: bool = False
+    alive: bool = True
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SessionOutput:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+class TerminalSession(abc.ABC):
+    """The operations every backend's session offers (see the module doc)."""
+
+    max_output_bytes: int
+
+    @abc.abstractmethod
+    def send(self, keystrokes: str) -> None:
+        """Type ``keystrokes`` (or press it, when it is a tmux key name)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float, prompts: int = 0, settle_s: float = SETTLE_S) -> bool:
+        """Wait for ``prompts`` more prompts (0: for quiet output); True if they came."""
+
+    @abc.abstractmethod
+    def read(self) -> SessionOutput:
+        """The output that is new since the last read."""
+
+    @abc.abstractmethod
+    def run(self, keystrokes: str, timeout: float) -> SessionOutput:
+        """Send, wait until done or ``timeout``, read."""
+
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """The session's shell is still running."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the session and every process it started (idempotent)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def check_keystrokes(keystrokes: Any) -> str:
+    return check_text(keystrokes, "keystrokes", MAX_COMMAND_BYTES)
+
+
+def check_wait(timeout: Any, what: str = "timeout") -> float:
+    if isinstance(timeout, bool) or not (isinstance(timeout, int | float)
+                                         and 0 <= timeout <= MAX_WAIT_S):
+        raise BadRequest(f"{what} must be a number of seconds in [0, {MAX_WAIT_S:g}], got "
+                         f"{timeout!r}")
+    return float(timeout)
+
+
+class TmuxSession(TerminalSession):
+    """A session driven through a tmux control-mode client reached by ``channel``.
+
+    Args:
+      channel: the pipe to ``tmux_argv(...)`` running in the sandbox.
+      token: the prompt token the shell was started with (`shell_env`).
+      max_output_bytes: cap on one read (head and tail kept).
+      on_close: called once after the channel is closed (the backend's cleanup).
+      start_timeout: seconds to wait for the first prompt.
+    """
+
+    def __init__(self, channel: Channel, token: str, max_output_bytes: int = 1 * MiB,
+                 on_close: Callable[[], None] | None = None, start_timeout: float = 30.0):
+        self.channel = channel
+        self.max_output_bytes = max_output_bytes
+        self._marker = b"\x1b]" + _OSC_ID + b";" + token.encode() + b";"
+        self._on_close = on_close
+        self._cond = threading.Condition()
+        self._write_lock = threading.Lock()
+        self._cap = OutputCap(max_output_bytes)
+        self._carry = b""
+        self._prompts = 0
+        self._last_status: int | None = None
+        self._last_output = time.monotonic()
+        self._alive = True
+        self._closed = False
+        self._errors: list[str] = []
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name="trsi-tmux-reader")
+        self._reader.start()
+        if not self.wait(start_timeout, prompts=1):
+            why = "; ".join(self._errors) or "no prompt appeared"
+            self.close()
+            raise SandboxLost(f"the terminal session did not start within {start_timeout:g} s:"
+                              f" {why}")
+        self.wait(1.0, settle_s=0.05)
+        self.read()  # the first prompt is not news
+
+    # -- reader thread
+    def _read_loop(self) -> None:
+        buf = b""
+        try:
+            while True:
+                data = self.channel.read()
+                if not data:
+                    break
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    self._line(line)
+        except OSError as e:
+            self._errors.append(f"reading the session failed: {e}")
+        finally:
+            with self._cond:
+                self._alive = False
+                self._cond.notify_all()
+
+    def _line(self, line: bytes) -> None:
+        if line.startswith(b"%output "):
+            _, _pane, rest = (line.split(b" ", 2) + [b""])[:3]
+            self._output(_unescape(rest))
+        elif line.startswith(b"%error"):
+            self._errors.append(line.decode(errors="replace"))
+        elif line.startswith(b"%exit"):
+            with self._cond:
+                self._alive = False
+                self._cond.notify_all()
+        elif not line.startswith(b"%") and self._errors is not None and line:
+            # the body of a command reply (an error's text); keep the last few
+            self._errors[:] = [*self._errors[-4:], line.decode(errors="replace")]
+
+    def _output(self, data: bytes) -> None:
+        scan = self._carry + data
+        found = []
+        start = 0
+        while (i := scan.find(self._marker, start)) >= 0:
+            end = scan.find(b"\x07", i)
+            if end < 0:
+                break
+            status = scan[i + len(self._marker):end]
+            found.append(int(status) if status.isdigit() else None)
+            start = end + 1
+        keep = len(self._marker) + 8
+        if (j := scan.rfind(b"\x1b", max(start, len(scan) - keep))) >= 0:
+            self._carry = scan[j:]  # a marker may continue in the next chunk
+        else:
+            self._carry = b""
+        with self._cond:
+            self._cap.feed(data)
+            self._last_output = time.monotonic()
+            if found:
+                self._prompts += len(found)
+                self._last_status = found[-1]
+            self._cond.notify_all()
+
+    # -- operations
+    def _command(self, line: str) -> None:
+        with self._write_lock:
+            if self._closed:
+                raise SandboxLost("the terminal session is closed")
+            try:
+                self.channel.write(line.encode() + b"\n")
+            except OSError as e:
+                raise SandboxLost(f"the terminal session ended: {e}") from e
+
+    def send(self, keystrokes: str) -> None:
+        check_keystrokes(keystrokes)
+        if not self.alive:
+            raise SandboxLost("the terminal session's shell has exited")
+        if is_key_name(keystrokes):
+            self._command(f"send-keys -t {SESSION_NAME} {keystrokes}")
+            return
+        data = keystrokes.encode().replace(b"\n", b"\r")  # Enter sends CR, as a keyboard does
+        for i in range(0, len(data), HEX_CHUNK):
+            chunk = data[i:i + HEX_CHUNK]
+            self._command(f"send-keys -t {SESSION_NAME} -H " + " ".join(f"{b:02x}" for b in chunk))
+
+    def wait(self, timeout: float, prompts: int = 0, settle_s: float = SETTLE_S) -> bool:
+        deadline = time.monotonic() + check_wait(timeout)
+        with self._cond:
+            target = self._prompts + prompts
+            while True:
+                now = time.monotonic()
+                if prompts and self._prompts >= target:
+                    return True
+                if not prompts and now - self._last_output >= settle_s:
+                    return True
+                if not self._alive or now >= deadline:
+                    return False
+                nap = deadline - now
+                if not prompts:
+                    nap = min(nap, self._last_output + settle_s - now)
+                self._cond.wait(max(nap, 0.001))
+
+    def read(self) -> SessionOutput:
+        with self._cond:
+            cap, self._cap = self._cap, OutputCap(self.max_output_bytes)
+            status, alive = self._last_status, self._alive
+        raw = bytes(cap.head) + (bytes(cap.tail[-cap.tail_limit:]) if cap.tail_limit else b"")
+        if cap.total > len(raw):
+            dropped = cap.total - len(raw)
+            text = (terminal_text(bytes(cap.head).decode(errors="replace"))
+                    + f"\n...[{dropped} bytes truncated]...\n"
+                    + terminal_text(bytes(cap.tail[-cap.tail_limit:]).decode(errors="replace")))
+        else:
+            text = terminal_text(raw.decode(errors="replace"))
+        return SessionOutput(text=text, done=True, exit_code=status,
+                             truncated=cap.total > len(raw), alive=alive)
+
+    def run(self, keystrokes: str, timeout: float) -> SessionOutput:
+        check_wait(timeout)
+        t0 = time.monotonic()
+        with self._cond:
+            self._last_output = t0
+        n = expected_prompts(check_keystrokes(keystrokes))
+        self.send(keystrokes)
+        done = self.wait(timeout, prompts=n)
+        out = self.read()
+        return dataclasses.replace(out, done=done and out.alive,
+                                   duration_s=time.monotonic() - t0)
+
+    @property
+    def alive(self) -> bool:
+        return self._alive and not self._closed
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.channel.close()
+        finally:
+            self._reader.join(timeout=5.0)
+            if self._on_close is not None:
+                self._on_close()
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+__all__ = ["Channel", "SessionOutput", "TerminalSession", "TmuxSession", "expected_prompts",
+           "is_key_name", "new_token", "shell_env", "terminal_text", "tmux_argv"]
