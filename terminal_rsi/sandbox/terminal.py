@@ -405,6 +405,8 @@ class TmuxSession(TerminalSession):
         n = expected_prompts(check_keystrokes(keystrokes))
         self.send(keystrokes)
         done = self.wait(timeout, prompts=n)
+        if done and n:
+            self.wait(0.05, settle_s=0.005)  # the prompt's text follows its marker
         out = self.read()
         return dataclasses.replace(out, done=done and out.alive,
                                    duration_s=time.monotonic() - t0)
