@@ -203,6 +203,7 @@ class OutputCap:
 
 
 MAX_EXEC_TIMEOUT_S = 24 * 3600
+DEFAULT_SESSION_LIFETIME_S = 3600.0
 MAX_ARG_BYTES = (128 << 10) - 1  # Linux's limit on one argv or environment string (NUL aside)
 MAX_COMMAND_BYTES = MAX_ARG_BYTES
 MAX_ENV_BYTES = 256 << 10  # all of one exec's environment entries together
@@ -413,6 +414,14 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Destroy the sandbox and everything it started. Idempotent."""
+
+    def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S):
+        """Start the sandbox's terminal session, a ``terminal.TerminalSession`` (one at a
+        time): an interactive shell in tmux that lives until it is closed or the sandbox
+        is. While it lives, ``exec`` runs in its environment (its network: what it serves
+        is reachable) and spares its processes. ``lifetime_s`` bounds each of its
+        processes' CPU time."""
+        raise BadRequest(f"the {type(self).__name__} backend has no terminal sessions")
 
     def put_files(self, files: Mapping[str, bytes], mode: int = 0o644) -> None:
         self.put_tar(files_to_tar(files, mode=mode))

@@ -54,6 +54,7 @@ from collections.abc import Mapping
 
 from terminal_rsi.sandbox import cgroups, fsops, procs
 from terminal_rsi.sandbox.base import (
+    DEFAULT_SESSION_LIFETIME_S,
     MARKER_ENV,
     ExecResult,
     OutputCap,
@@ -452,7 +453,7 @@ class LocalSandbox(Sandbox):
             return self._session_pid
         return None
 
-    def open_session(self, lifetime_s: float = 3600.0) -> TmuxSession:
+    def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> TmuxSession:
         """Start the sandbox's terminal session (`terminal_rsi.sandbox.terminal`): tmux
         inside the sandbox (bubblewrap: one long-lived sandbox process in its own
         namespaces; plain: the sandbox uid), as the same uid, cgroups, rlimits and
