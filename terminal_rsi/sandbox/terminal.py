@@ -34,9 +34,9 @@ Operations (all backends alike, including the HTTP bridge, which forwards them):
     ``send`` + ``wait`` (for as many prompts as Enter presses) + ``read``: a
     :class:`SessionOutput` saying whether the command finished.
 
-Completion is seen through the shell's prompt: ``PROMPT_COMMAND`` prints an invisible
-OSC sequence with a per-session token and ``$?``. A program that clears it only makes
-``wait`` run to its timeout.
+Completion is seen through the shell's prompt: ``PS1`` ends in an invisible OSC sequence
+with a per-session token and ``$?``. A program that resets ``PS1`` only makes ``wait`` run
+to its timeout.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def shell_env(token: str) -> dict[str, str]:
     """The session shell's own variables: a plain prompt that reports completion, no
     history file, and ``IGNOREEOF`` so a stray C-d at the prompt does not end the shell."""
     return {
-        "PS1": r"\w\$ ",
-        "PROMPT_COMMAND": f"printf '\\033]{_OSC_ID.decode()};%s;%s\\007' {token} $?",
+        # the marker closes the prompt (\[ \]: zero width), so the prompt's text is in
+        # the output by the time it is seen; $? is the last command's status
+        "PS1": "\\w\\$ \\[\\033]" + _OSC_ID.decode() + f";{token};$?\\007\\]",
         "HISTFILE": "/dev/null",
         "IGNOREEOF": "10",
         "TERM": "screen",
@@ -405,8 +406,6 @@ class TmuxSession(TerminalSession):
         n = expected_prompts(check_keystrokes(keystrokes))
         self.send(keystrokes)
         done = self.wait(timeout, prompts=n)
-        if done and n:
-            self.wait(0.05, settle_s=0.005)  # the prompt's text follows its marker
         out = self.read()
         return dataclasses.replace(out, done=done and out.alive,
                                    duration_s=time.monotonic() - t0)
