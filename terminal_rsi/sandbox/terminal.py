@@ -62,8 +62,8 @@ _OSC_ID = b"7770"
 _NAMED_KEYS = ("Enter", "Escape", "Tab", "BTab", "BSpace", "Space", "Up", "Down", "Left",
                "Right", "Home", "End", "PageUp", "PageDown", "PgUp", "PgDn", "NPage", "PPage",
                "Insert", "IC", "DC", "Delete")
-_KEY_RE = re.compile(r"(?:(?:[CMS]-)+(?:[!-~]|%s|F(?:[1-9]|1[0-2]))|%s|F(?:[1-9]|1[0-2]))"
-                     % ("|".join(_NAMED_KEYS), "|".join(_NAMED_KEYS)))
+_KEY_ALT = "|".join(_NAMED_KEYS) + "|F(?:[1-9]|1[0-2])"
+_KEY_RE = re.compile(rf"(?:[CMS]-)+(?:[!-~]|{_KEY_ALT})|{_KEY_ALT}")
 HEX_CHUNK = 2048  # bytes per send-keys command
 
 
@@ -249,11 +249,13 @@ def check_wait(timeout: Any, what: str = "timeout") -> float:
     return float(timeout)
 
 
-class TmuxSession(TerminalSession):
-    """A session driven through a tmux control-mode client reached by ``channel``.
+class StreamSession(TerminalSession):
+    """A session over a byte pipe: a reader thread, the prompt markers, the output window,
+    ``wait`` / ``read`` / ``run``. Subclasses say how keystrokes are sent (`send`) and how
+    the pipe's bytes become pane output (`_feed`).
 
     Args:
-      channel: the pipe to ``tmux_argv(...)`` running in the sandbox.
+      channel: the pipe to the session's client in the sandbox.
       token: the prompt token the shell was started with (`shell_env`).
       max_output_bytes: cap on one read (head and tail kept).
       on_close: called once after the channel is closed (the backend's cleanup).
@@ -277,48 +279,37 @@ class TmuxSession(TerminalSession):
         self._closed = False
         self._errors: list[str] = []
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name="trsi-tmux-reader")
+                                        name="trsi-session-reader")
         self._reader.start()
         if not self.wait(start_timeout, prompts=1):
-            why = "; ".join(self._errors) or "no prompt appeared"
+            why = "; ".join(self._errors[-3:]) or "no prompt appeared"
             self.close()
             raise SandboxLost(f"the terminal session did not start within {start_timeout:g} s:"
                               f" {why}")
         self.wait(1.0, settle_s=0.05)
         self.read()  # the first prompt is not news
 
-    # -- reader thread
+    # -- the reader thread
     def _read_loop(self) -> None:
-        buf = b""
         try:
             while True:
                 data = self.channel.read()
                 if not data:
                     break
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    self._line(line)
+                self._feed(data)
         except OSError as e:
             self._errors.append(f"reading the session failed: {e}")
         finally:
-            with self._cond:
-                self._alive = False
-                self._cond.notify_all()
+            self._ended()
 
-    def _line(self, line: bytes) -> None:
-        if line.startswith(b"%output "):
-            _, _pane, rest = (line.split(b" ", 2) + [b""])[:3]
-            self._output(_unescape(rest))
-        elif line.startswith(b"%error"):
-            self._errors.append(line.decode(errors="replace"))
-        elif line.startswith(b"%exit"):
-            with self._cond:
-                self._alive = False
-                self._cond.notify_all()
-        elif not line.startswith(b"%") and self._errors is not None and line:
-            # the body of a command reply (an error's text); keep the last few
-            self._errors[:] = [*self._errors[-4:], line.decode(errors="replace")]
+    def _feed(self, data: bytes) -> None:
+        """Bytes from the channel; by default they are the pane's output."""
+        self._output(data)
+
+    def _ended(self) -> None:
+        with self._cond:
+            self._alive = False
+            self._cond.notify_all()
 
     def _output(self, data: bytes) -> None:
         scan = self._carry + data
@@ -332,10 +323,8 @@ class TmuxSession(TerminalSession):
             found.append(int(status) if status.isdigit() else None)
             start = end + 1
         keep = len(self._marker) + 8
-        if (j := scan.rfind(b"\x1b", max(start, len(scan) - keep))) >= 0:
-            self._carry = scan[j:]  # a marker may continue in the next chunk
-        else:
-            self._carry = b""
+        j = scan.rfind(b"\x1b", max(start, len(scan) - keep))
+        self._carry = scan[j:] if j >= 0 else b""  # a marker may go on in the next chunk
         with self._cond:
             self._cap.feed(data)
             self._last_output = time.monotonic()
@@ -344,28 +333,16 @@ class TmuxSession(TerminalSession):
                 self._last_status = found[-1]
             self._cond.notify_all()
 
-    # -- operations
-    def _command(self, line: str) -> None:
+    def _write(self, data: bytes) -> None:
         with self._write_lock:
             if self._closed:
                 raise SandboxLost("the terminal session is closed")
             try:
-                self.channel.write(line.encode() + b"\n")
+                self.channel.write(data)
             except OSError as e:
                 raise SandboxLost(f"the terminal session ended: {e}") from e
 
-    def send(self, keystrokes: str) -> None:
-        check_keystrokes(keystrokes)
-        if not self.alive:
-            raise SandboxLost("the terminal session's shell has exited")
-        if is_key_name(keystrokes):
-            self._command(f"send-keys -t {SESSION_NAME} {keystrokes}")
-            return
-        data = keystrokes.encode().replace(b"\n", b"\r")  # Enter sends CR, as a keyboard does
-        for i in range(0, len(data), HEX_CHUNK):
-            chunk = data[i:i + HEX_CHUNK]
-            self._command(f"send-keys -t {SESSION_NAME} -H " + " ".join(f"{b:02x}" for b in chunk))
-
+    # -- operations
     def wait(self, timeout: float, prompts: int = 0, settle_s: float = SETTLE_S) -> bool:
         deadline = time.monotonic() + check_wait(timeout)
         with self._cond:
@@ -387,16 +364,17 @@ class TmuxSession(TerminalSession):
         with self._cond:
             cap, self._cap = self._cap, OutputCap(self.max_output_bytes)
             status, alive = self._last_status, self._alive
-        raw = bytes(cap.head) + (bytes(cap.tail[-cap.tail_limit:]) if cap.tail_limit else b"")
-        if cap.total > len(raw):
-            dropped = cap.total - len(raw)
-            text = (terminal_text(bytes(cap.head).decode(errors="replace"))
-                    + f"\n...[{dropped} bytes truncated]...\n"
-                    + terminal_text(bytes(cap.tail[-cap.tail_limit:]).decode(errors="replace")))
+        head = bytes(cap.head)
+        tail = bytes(cap.tail[-cap.tail_limit:]) if cap.tail_limit else b""
+        kept = len(head) + len(tail)
+        if cap.total > kept:
+            text = (terminal_text(head.decode(errors="replace"))
+                    + f"\n...[{cap.total - kept} bytes truncated]...\n"
+                    + terminal_text(tail.decode(errors="replace")))
         else:
-            text = terminal_text(raw.decode(errors="replace"))
+            text = terminal_text((head + tail).decode(errors="replace"))
         return SessionOutput(text=text, done=True, exit_code=status,
-                             truncated=cap.total > len(raw), alive=alive)
+                             truncated=cap.total > kept, alive=alive)
 
     def run(self, keystrokes: str, timeout: float) -> SessionOutput:
         check_wait(timeout)
@@ -427,9 +405,43 @@ class TmuxSession(TerminalSession):
                 self._on_close()
 
 
+class TmuxSession(StreamSession):
+    """A session driven through a tmux control-mode client (`tmux_argv`) at the far end
+    of the channel: keys go in as ``send-keys`` commands, pane output comes back as
+    ``%output`` notifications."""
+
+    def __init__(self, *args, **kwargs):
+        self._line_buf = b""
+        super().__init__(*args, **kwargs)
+
+    def _feed(self, data: bytes) -> None:
+        *lines, self._line_buf = (self._line_buf + data).split(b"\n")
+        for line in lines:
+            if line.startswith(b"%output "):
+                self._output(_unescape((line.split(b" ", 2) + [b""])[2]))
+            elif line.startswith(b"%exit"):
+                self._ended()
+            elif line and not line.startswith((b"%begin", b"%end")):
+                # notifications, and the text of a failed command (before its %error)
+                self._errors[:] = [*self._errors[-4:], line.decode(errors="replace")]
+
+    def send(self, keystrokes: str) -> None:
+        check_keystrokes(keystrokes)
+        if not self.alive:
+            raise SandboxLost("the terminal session's shell has exited")
+        if is_key_name(keystrokes):
+            self._write(f"send-keys -t {SESSION_NAME} {keystrokes}\n".encode())
+            return
+        data = keystrokes.encode().replace(b"\n", b"\r")  # Enter sends CR, as keyboards do
+        for i in range(0, len(data), HEX_CHUNK):
+            hexes = " ".join(f"{b:02x}" for b in data[i:i + HEX_CHUNK])
+            self._write(f"send-keys -t {SESSION_NAME} -H {hexes}\n".encode())
+
+
 def new_token() -> str:
     return secrets.token_hex(8)
 
 
-__all__ = ["Channel", "SessionOutput", "TerminalSession", "TmuxSession", "expected_prompts",
-           "is_key_name", "new_token", "shell_env", "terminal_text", "tmux_argv"]
+__all__ = ["Channel", "SessionOutput", "StreamSession", "TerminalSession", "TmuxSession",
+           "expected_prompts", "is_key_name", "new_token", "shell_env", "terminal_text",
+           "tmux_argv"]
