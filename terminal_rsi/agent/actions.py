@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from terminal_rsi.sandbox.base import text_problem
+from terminal_rsi.sandbox.terminal import SessionOutput
 
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 COMMAND_KEYS = ("keystrokes", "cmd", "command")
@@ -62,6 +63,17 @@ SCHEMA_TEXT = (
     "Each command runs with `bash -c` in the task's working directory (a fresh shell per "
     "command). Set task_complete to true when the task is done; the commands of that turn "
     "still run first."
+)
+# the same schema for a harness that types into a persistent terminal (Terminus semantics)
+SESSION_SCHEMA_TEXT = (
+    'Reply with exactly one JSON object: {"analysis": "<your reasoning>", "commands": '
+    '[{"keystrokes": "<keys>", "timeout": <seconds>}], "task_complete": <true|false>}. '
+    "Keystrokes are typed into one interactive bash terminal that lasts the whole task "
+    "(cd, export and background jobs carry over): end a command with \\n to run it; a key "
+    "name alone (C-c, C-d, Up, Escape, Tab) presses that key. timeout is the longest to wait "
+    "for the command to finish; one still running then keeps running (press C-c to stop "
+    "it). Set task_complete to true when the task is done; the commands of that turn still "
+    "run first."
 )
 
 
@@ -250,17 +262,22 @@ def cap_text(text: str, max_chars: int) -> str:
 
 def format_observation(results: Sequence[tuple[Command, Any]], *, max_chars: int,
                        note: str = "") -> str:
-    """Render command results (`ExecResult`s) as the observation text, capped head+tail.
+    """Render command results as the observation text, capped head+tail.
 
-    Per command: `$ <command>`, then stdout and stderr, then `[exit code N]` or
-    `[timed out after T s]`; for a `RejectedCommand`, `ERROR: command rejected: <reason>`.
-    `note` (e.g. a parse error) comes first.
+    Per `ExecResult`: `$ <command>`, then stdout and stderr, then `[exit code N]` or
+    `[timed out after T s]`; per terminal `SessionOutput`: the terminal's new output as it
+    appeared (the typed command's echo and the prompt included), then
+    `[still running after T s ...]` when it had not finished; for a `RejectedCommand`,
+    `ERROR: command rejected: <reason>`. `note` (e.g. a parse error) comes first.
     """
     parts = [note] if note else []
     for cmd, r in results:
         if isinstance(r, RejectedCommand):
             shown = _printable(cmd.keystrokes, 200)
             parts.append(f"$ {shown}\nERROR: command rejected: {_printable(r.reason, 2000)}")
+            continue
+        if isinstance(r, SessionOutput):
+            parts.append(session_block(cmd, r))
             continue
         block = [f"$ {cmd.keystrokes}"]
         if r.stdout:
@@ -273,6 +290,18 @@ def format_observation(results: Sequence[tuple[Command, Any]], *, max_chars: int
     if not parts:
         parts.append("(no commands were run)")
     return cap_text("\n".join(parts), max_chars)
+
+
+def session_block(cmd: Command, out: SessionOutput) -> str:
+    """One command's part of a terminal observation (see `format_observation`)."""
+    text = out.text
+    if not out.alive:
+        text += ("\n[the terminal's shell exited; a new shell was started in the task's "
+                 "directory: variables and jobs are gone]")
+    elif not out.done:
+        text += (f"\n[still running after {cmd.timeout:g} s; it keeps running: wait with "
+                 "another command, or press C-c]")
+    return text
 
 
 def _printable(text: str, limit: int) -> str:

@@ -41,15 +41,18 @@ import numpy as np
 
 from terminal_rsi.agent.actions import (
     SCHEMA_TEXT,
+    SESSION_SCHEMA_TEXT,
     Action,
     ActionParseError,
     Command,
     RejectedCommand,
+    cap_text,
     format_observation,
     parse_action,
 )
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
+from terminal_rsi.sandbox.terminal import SessionOutput, is_key_name
 from terminal_rsi.tasks.spec import EnvironmentUnavailable
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
 from terminal_rsi.tasks.verify import verify as verify_task
@@ -58,6 +61,14 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent working in a Linux shell. Solve the task by running "
     "commands. " + SCHEMA_TEXT
 )
+SESSION_SYSTEM_PROMPT = (
+    "You are an autonomous agent working in a Linux terminal. Solve the task by typing "
+    "commands. " + SESSION_SCHEMA_TEXT
+)
+TERMINALS = ("exec", "session")
+VERIFY_MODES = ("shared", "separate")
+# how long the reference policy waits for each command in a terminal session
+REFERENCE_SESSION_WAIT_S = 10.0
 SUMMARY_REQUEST = (
     "Summarize the work so far for a fresh context: what the task needs, what you ran, what "
     "you found, and what remains. Reply with the summary only."
@@ -95,6 +106,17 @@ class HarnessConfig:
     max_command_timeout_s: cap on any command's timeout.
     observation_role: chat role of observation messages.
     verify_backend: backend of the verifier sandbox.
+    terminal: how commands run. "exec" (default): each command is one `bash -c` in the
+      sandbox (nothing but files carries over). "session": Terminus semantics, one persistent
+      tmux terminal per episode (`terminal_rsi.sandbox.terminal`): keystrokes are typed
+      literally (a trailing newline runs them, a key name such as C-c is pressed), the
+      observation is the terminal's new output, a command still running at its timeout keeps
+      running and the agent is told so; the session and all it started end when the episode
+      does (after verification). The default system prompt follows the mode.
+    verify_mode: where the verifier runs. None (default): in session mode "shared", the
+      environment the agent left with whatever it left running (Terminal-Bench semantics);
+      in exec mode the task's own mode. "shared" or "separate" (the protected fresh sandbox,
+      `terminal_rsi.tasks.verify`) override both.
     private_guidance: text appended to the first prompt of every segment as a separate
       user message after the public task (RSR fresh execution, `terminal_rsi.rsr.guidance`);
       "" (default): none. With guidance, each trajectory also records the public prompt of
@@ -118,6 +140,8 @@ class HarnessConfig:
     max_command_timeout_s: float = 120.0
     observation_role: str = "observation"
     verify_backend: str = "local"
+    terminal: str = "exec"
+    verify_mode: str | None = None
     private_guidance: str = ""
 
     def __post_init__(self):
@@ -129,6 +153,25 @@ class HarnessConfig:
             if getattr(self, f) is not None and int(getattr(self, f)) <= 0:
                 raise ValueError(f"HarnessConfig.{f} must be > 0 or None, got "
                                  f"{getattr(self, f)}")
+        if self.terminal not in TERMINALS:
+            raise ValueError(f"HarnessConfig.terminal must be one of {TERMINALS}, got "
+                             f"{self.terminal!r}")
+        if self.verify_mode is not None and self.verify_mode not in VERIFY_MODES:
+            raise ValueError(f"HarnessConfig.verify_mode must be None or one of "
+                             f"{VERIFY_MODES}, got {self.verify_mode!r}")
+
+    @property
+    def system_text(self) -> str:
+        """The system prompt: the configured one, or the default of the terminal mode."""
+        if self.terminal == "session" and self.system_prompt == DEFAULT_SYSTEM_PROMPT:
+            return SESSION_SYSTEM_PROMPT
+        return self.system_prompt
+
+    def verifier_mode(self, task) -> str:
+        """Where `task` is verified after an episode (see `verify_mode`)."""
+        if self.verify_mode is not None:
+            return self.verify_mode
+        return "shared" if self.terminal == "session" else task.verifier.mode
 
     @classmethod
     def from_config(cls, section, **overrides) -> HarnessConfig:
@@ -152,8 +195,8 @@ class HarnessConfig:
 # _NULLABLE ones, where it means off / the task's)
 CONFIG_FIELDS = ("name", "max_turns", "max_output_tokens", "max_input_tokens",
                  "summarize_threshold", "agent_timeout_s", "max_observation_chars",
-                 "max_parse_errors")
-_NULLABLE = ("summarize_threshold", "agent_timeout_s", "max_parse_errors")
+                 "max_parse_errors", "terminal", "verify_mode")
+_NULLABLE = ("summarize_threshold", "agent_timeout_s", "max_parse_errors", "verify_mode")
 
 
 # ----------------------------------------------------------------------------- policies
@@ -253,25 +296,38 @@ class ScriptedPolicy:
         return out
 
 
-def reference_action(task, turn: int) -> str:
+def session_keystrokes(command: str) -> str:
+    """A reference command as typed into a terminal: a key name as it is, other text run
+    (a newline added when it has none)."""
+    return command if is_key_name(command) or command.endswith("\n") else command + "\n"
+
+
+def reference_action(task, turn: int, terminal: str = "exec") -> str:
     """The task's reference solution turn `turn` as a JSON action (the last one declares
-    completion; past the end: an empty completing action)."""
+    completion; past the end: an empty completing action). For a `terminal` "session"
+    harness each command is typed and run (`session_keystrokes`), waiting up to
+    `REFERENCE_SESSION_WAIT_S`."""
     sol = task.solution
-    cmds = tuple(Command(c, float(min(task.agent_timeout_s, 120.0))) for c in
-                 (sol[turn] if turn < len(sol) else ()))
+    steps = sol[turn] if turn < len(sol) else ()
+    if terminal == "session":
+        wait = float(min(task.agent_timeout_s, REFERENCE_SESSION_WAIT_S))
+        cmds = tuple(Command(session_keystrokes(c), wait) for c in steps)
+    else:
+        cmds = tuple(Command(c, float(min(task.agent_timeout_s, 120.0))) for c in steps)
     return Action(f"reference step {turn + 1} of {len(sol)}", cmds,
                   task_complete=turn >= len(sol) - 1).to_json()
 
 
 class ReferencePolicy(ScriptedPolicy):
     """Emits the reference solution of `request.task` as JSON actions (tests: S = 1 through
-    the whole harness). Summaries are a fixed sentence."""
+    the whole harness), typed for `terminal` ("exec" or "session", the harness's mode).
+    Summaries are a fixed sentence."""
 
-    def __init__(self, tokenizer, version: int = 0):
+    def __init__(self, tokenizer, version: int = 0, terminal: str = "exec"):
         def script(r: GenerationRequest) -> str:
             if r.purpose == "summary":
                 return "Summary: following the reference steps."
-            return reference_action(r.task, r.turn)
+            return reference_action(r.task, r.turn, terminal)
 
         super().__init__(tokenizer, script, version)
 
@@ -312,7 +368,7 @@ def continuation_ids(tokenizer, role: str, text: str, last_sampled: Sequence[int
 
 
 def _initial_messages(task, harness: HarnessConfig, summary: str | None = None):
-    system = harness.system_prompt
+    system = harness.system_text
     if harness.hints:
         system += "\n\nHints:\n" + "\n".join(f"- {h}" for h in harness.hints)
     user = f"Task:\n{task.instruction}"
@@ -398,19 +454,50 @@ def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | No
         traj.error = f"sandbox start: {type(e).__name__}: {e}"
         timings["total_s"] = time.monotonic() - t_start
         return traj
+    try:
+        shell = _Shell(sb, harness, lifetime_s=budget + task.verifier.timeout_s + 60.0)
+    except Exception as e:  # noqa: BLE001 - one bad episode never stops a run
+        traj.terminal_reason = TerminalReason.INFRASTRUCTURE_ERROR
+        traj.error = f"terminal session start: {type(e).__name__}: {e}"
+        _close_quietly(sb)
+        timings["total_s"] = time.monotonic() - t_start
+        return traj
     timings["sandbox_start_s"] = time.monotonic() - t_start
     try:
-        reason = _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled)
+        reason = _turn_loop(task, policy, shell, harness, traj, deadline, timings, cancelled)
         traj.terminal_reason = reason
         if reason != TerminalReason.INFRASTRUCTURE_ERROR and verify:
             _verify(task, sb, harness, traj, timings)
     finally:
-        try:
-            sb.close()
-        except Exception:  # noqa: BLE001
-            pass
+        _close_quietly(sb)
         timings["total_s"] = time.monotonic() - t_start
     return traj
+
+
+def _close_quietly(sb) -> None:
+    try:
+        sb.close()  # with its terminal session and everything that started
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _Shell:
+    """Where an episode's commands run: `sb.exec` per command ("exec"), or the sandbox's
+    terminal session ("session"; a shell the agent exited is replaced at once, and the
+    observation says so)."""
+
+    def __init__(self, sb, harness: HarnessConfig, lifetime_s: float):
+        self.sb, self.lifetime_s = sb, lifetime_s
+        self.term = sb.open_session(lifetime_s) if harness.terminal == "session" else None
+
+    def run(self, keystrokes: str, timeout: float):
+        if self.term is None:
+            return self.sb.exec(keystrokes, timeout=timeout)
+        out = self.term.run(keystrokes, timeout)
+        if not out.alive:
+            self.term.close()
+            self.term = self.sb.open_session(self.lifetime_s)
+        return out
 
 
 def _summarize(task, policy, harness, context, traj, turn, timings) -> str:
@@ -428,7 +515,8 @@ def _summarize(task, policy, harness, context, traj, turn, timings) -> str:
     return text
 
 
-def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) -> TerminalReason:
+def _turn_loop(task, policy, shell, harness, traj, deadline, timings,
+               cancelled) -> TerminalReason:
     tok = policy.tokenizer
     prompt = _render(tok, _initial_messages(task, harness))
     _record_public_prompt(tok, task, harness, traj, 0)
@@ -475,7 +563,7 @@ def _turn_loop(task, policy, sb, harness, traj, deadline, timings, cancelled) ->
                 return TerminalReason.PARSE_ERRORS
         results = []
         if action is not None:
-            results = _run_commands(action, sb, harness, traj, deadline, timings)
+            results = _run_commands(action, shell, harness, traj, deadline, timings)
             if results is None:
                 return TerminalReason.INFRASTRUCTURE_ERROR
             if action.task_complete:
@@ -505,10 +593,11 @@ def _parse_reply(text: str, stop_reason: str, harness: HarnessConfig,
         return None, note
 
 
-def _run_commands(action: Action, sb, harness: HarnessConfig, traj: Trajectory,
+def _run_commands(action: Action, shell: _Shell, harness: HarnessConfig, traj: Trajectory,
                   deadline: float, timings: dict) -> list | None:
     """Run an action's commands while the episode's clock allows: [(command with the timeout
-    used, result)]; None when the sandbox failed (`traj.error` says how)."""
+    used, result)]; None when the sandbox failed (`traj.error` says how). What was typed
+    and read is recorded on the turn (`Turn.io`)."""
     t0 = time.monotonic()
     results = []
     for cmd in action.commands:
@@ -517,25 +606,38 @@ def _run_commands(action: Action, sb, harness: HarnessConfig, traj: Trajectory,
             break
         timeout = min(cmd.timeout, harness.max_command_timeout_s, remaining)
         try:
-            r = sb.exec(cmd.keystrokes, timeout=max(timeout, 0.1))
+            r = shell.run(cmd.keystrokes, timeout=max(timeout, 0.1))
         except BadRequest as e:
             # the sandbox refused this command (too long, a NUL...): the agent's
             # mistake, shown to it as the command's output; the episode goes on
             r = RejectedCommand(str(e))
             traj.meta["rejected_commands"] = traj.meta.get("rejected_commands", 0) + 1
-        except SandboxError as e:
+        except SandboxError as e:  # SandboxLost included: the terminal or sandbox is gone
             traj.error = f"sandbox exec: {type(e).__name__}: {e}"
             timings["exec_s"] += time.monotonic() - t0
             return None
         results.append((dataclasses.replace(cmd, timeout=timeout), r))
+        traj.turns[-1].io.append(_io_record(cmd.keystrokes, r, harness.max_observation_chars))
     timings["exec_s"] += time.monotonic() - t0
     return results
+
+
+def _io_record(typed: str, r, max_chars: int) -> dict:
+    """What was typed and what came back, for the trajectory (read text capped)."""
+    if isinstance(r, RejectedCommand):
+        return {"typed": typed, "read": "", "rejected": r.reason}
+    if isinstance(r, SessionOutput):
+        return {"typed": typed, "read": cap_text(r.text, max_chars), "done": r.done,
+                "exit_code": r.exit_code, "seconds": round(r.duration_s, 4)}
+    return {"typed": typed, "read": cap_text(r.stdout + r.stderr, max_chars), "done":
+            not r.timed_out, "exit_code": r.exit_code, "seconds": round(r.duration_s, 4)}
 
 
 def _verify(task, sb, harness, traj, timings) -> None:
     t0 = time.monotonic()
     try:
-        res = verify_task(task, sb, backend=harness.verify_backend)
+        res = verify_task(task, sb, backend=harness.verify_backend,
+                          mode=harness.verifier_mode(task))
     except VerifierError as e:
         traj.terminal_reason = TerminalReason.VERIFIER_ERROR
         traj.error = str(e)

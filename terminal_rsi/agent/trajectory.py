@@ -90,6 +90,9 @@ class Turn:
     segment: index of the summarization segment this turn belongs to.
     stop_reason: the sampler's stop reason ("stop_token", "length", ...).
     parse_error: the action parse error message, if the reply held no valid action.
+    io: per command run: {"typed": the keystrokes exactly as typed, "read": the output read
+      back (capped like the observation), "done", "exit_code", "seconds"} ("rejected": the
+      reason, for a command the sandbox refused).
     """
 
     prompt_ids: list[int]
@@ -100,6 +103,7 @@ class Turn:
     stop_reason: str = ""
     parse_error: str | None = None
     policy_version: int = 0
+    io: list[dict] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if len(self.sampled_ids) != len(self.logprobs):
