@@ -212,6 +212,7 @@ class LocalSandbox(Sandbox):
         self.session: TmuxSession | None = None
         self._session_pid: int | None = None  # a process inside the session's namespaces
         self._session_pidns: int | None = None
+        self._session_host_pid: int | None = None
         base = base_dir or tempfile.gettempdir()
         if _is_root():
             _check_traversable(base)
@@ -339,10 +340,11 @@ class LocalSandbox(Sandbox):
 
     def _find_outside_session(self) -> list[int]:
         """The sandbox's processes but those of its live session (bwrap: its PID
-        namespace), which an exec's cleanup must spare."""
+        namespace and the bubblewrap process outside it), which an exec's cleanup spares."""
         if self._session_pidns is None:
             return self._find()
-        return [p for p in self._find() if procs.ns_inode(p, "pid") != self._session_pidns]
+        return [p for p in self._find() if p != self._session_host_pid
+                and procs.ns_inode(p, "pid") != self._session_pidns]
 
     def _kill_all(self, proc: subprocess.Popen | None) -> None:
         if proc is not None:
@@ -482,6 +484,7 @@ class LocalSandbox(Sandbox):
             except OSError as e:
                 raise InfrastructureError(f"cannot start the terminal session: {e}") from e
             if self.mode == "bwrap":
+                self._session_host_pid = proc.pid
                 self._session_pid = procs.descendant_in_other_ns(proc.pid, "pid")
                 self._session_pidns = (procs.ns_inode(self._session_pid, "pid")
                                        if self._session_pid else None)
@@ -503,7 +506,7 @@ class LocalSandbox(Sandbox):
         else:
             procs.freeze_and_kill(self._find)
         proc.wait()
-        self._session_pid = self._session_pidns = None
+        self._session_pid = self._session_pidns = self._session_host_pid = None
 
     # ----------------------------------------------------------------- files
     def _is_workspace_dir(self, rel: str) -> bool:

@@ -421,8 +421,7 @@ class TmuxSession(StreamSession):
                 self._output(_unescape((line.split(b" ", 2) + [b""])[2]))
             elif line.startswith(b"%exit"):
                 self._ended()
-            elif line and not line.startswith((b"%begin", b"%end")):
-                # notifications, and the text of a failed command (before its %error)
+            elif line and not line.startswith(b"%"):  # a failed command's message
                 self._errors[:] = [*self._errors[-4:], line.decode(errors="replace")]
 
     def send(self, keystrokes: str) -> None:
