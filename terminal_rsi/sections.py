@@ -143,6 +143,15 @@ class Harness(Section):
                                            lo=1)
     temperature: float = setting(1.0, "sampling temperature", lo=0.0)
     system_prompt: str | None = setting(None, "system prompt (None: the harness default)")
+    terminal: str = setting("exec", "how commands run: 'exec' (one fresh `bash -c` per "
+                            "command) or 'session' (typed into one persistent tmux terminal "
+                            "per episode, Terminus semantics; docs/sandbox.md)",
+                            choices=("exec", "session"))
+    verify_mode: str | None = setting(None, "where the verifier runs: None (session: the "
+                                      "environment the agent left, with what it left "
+                                      "running; exec: the task's mode), 'shared' or "
+                                      "'separate' (the protected fresh sandbox)",
+                                      choices=("shared", "separate"))
 
 
 @dataclasses.dataclass(frozen=True)

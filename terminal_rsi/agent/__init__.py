@@ -32,6 +32,7 @@ from terminal_rsi.agent.harness import (
     pool_sandbox_factory,
     reference_action,
     run_episode,
+    session_keystrokes,
 )
 from terminal_rsi.agent.packing import (
     PackedBatch,
@@ -62,7 +63,7 @@ from terminal_rsi.agent.trajectory import (
 __all__ = [
     "TRAINING_POLICY", "Action", "AsyncRollouts", "BatchingPolicy", "RolloutResult",
     "RolloutScheduler", "SchedulerConfig", "logprob_gap", "pool_sandbox_factory",
-    "reference_action", "ActionParseError", "Command", "EpisodeCancelled",
+    "reference_action", "session_keystrokes", "ActionParseError", "Command", "EpisodeCancelled",
     "GenerationOutput", "GenerationRequest", "HarnessConfig", "PackedBatch", "PackingError",
     "Policy", "ReferencePolicy", "SamplerPolicy", "SamplingSettings", "ScriptedPolicy",
     "Segment", "TerminalReason", "TrainingPolicy", "Trajectory", "TrajectoryFormatError", "Turn",

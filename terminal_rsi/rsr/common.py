@@ -22,6 +22,7 @@ from terminal_rsi.agent import (
     SamplerPolicy,
     ScriptedPolicy,
     reference_action,
+    session_keystrokes,
 )
 from terminal_rsi.agent.harness import run_episode
 from terminal_rsi.agent.scheduler import BatchingPolicy
@@ -58,25 +59,28 @@ def task_sandbox(config):
     return factory
 
 
-def demo_action(task, turn: int, style: str = "compact") -> str:
+def demo_action(task, turn: int, style: str = "compact", terminal: str = "exec") -> str:
     """The reference solution's turn `turn` as a JSON action (the last turn declares
     completion). compact: {"commands":["..."],"task_complete":b}; full: the harness's
-    `reference_action` (analysis, keystrokes, timeout)."""
+    `reference_action` (analysis, keystrokes, timeout). For a "session" `terminal` each
+    command is typed to run (`session_keystrokes`: a trailing newline)."""
     if style == "full":
-        return reference_action(task, turn)
+        return reference_action(task, turn, terminal)
     sol = task.solution
     cmds = list(sol[turn]) if turn < len(sol) else []
+    if terminal == "session":
+        cmds = [session_keystrokes(c) for c in cmds]
     return json.dumps({"commands": cmds, "task_complete": turn >= len(sol) - 1},
                       separators=(",", ":"))
 
 
-def demo_policy(tokenizer, style: str = "compact"):
+def demo_policy(tokenizer, style: str = "compact", terminal: str = "exec"):
     """A `ScriptedPolicy` emitting each task's reference solution (`demo_action`); it is
     also the external discovery policy of the tiny default."""
     def script(r):
         if r.purpose == "summary":
             return "Summary: following the reference steps."
-        return demo_action(r.task, r.turn, style)
+        return demo_action(r.task, r.turn, style, terminal)
 
     return ScriptedPolicy(tokenizer, script)
 

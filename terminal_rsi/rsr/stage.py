@@ -106,8 +106,9 @@ def discovery_variants(config, actor_policy, tokenizer) -> list:
                 max_output_tokens=h0.max_output_tokens * f,
                 max_input_tokens=h0.max_input_tokens * f), actor_policy))
         elif name == "external":
-            out.append(DiscoveryVariant(name, dataclasses.replace(h0, name="external"),
-                                        cm.demo_policy(tokenizer, config.harness.action_style),
+            demos = cm.demo_policy(tokenizer, config.harness.action_style,
+                                   config.harness.terminal)
+            out.append(DiscoveryVariant(name, dataclasses.replace(h0, name="external"), demos,
                                         external=True))
         else:
             raise cm.StageError(f"unknown discovery harness {name!r}; use hints, hot, long "
