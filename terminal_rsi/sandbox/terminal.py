@@ -286,7 +286,6 @@ class StreamSession(TerminalSession):
             self.close()
             raise SandboxLost(f"the terminal session did not start within {start_timeout:g} s:"
                               f" {why}")
-        self.wait(1.0, settle_s=0.05)
         self.read()  # the first prompt is not news
 
     # -- the reader thread
