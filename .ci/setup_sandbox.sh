@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 DOCKER_DIR=${TRSI_DOCKER_DIR:-/tmp/trsi-docker}
 
-echo "== sandbox: Debian packages (docker.io bubblewrap debootstrap)"
+echo "== sandbox: Debian packages (docker.io bubblewrap debootstrap tmux)"
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if ((${#need[@]})); then

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import secrets
+import shutil
 import time
 
 import pytest
@@ -20,13 +21,18 @@ from terminal_rsi.sandbox.terminal import (
     terminal_text,
 )
 
-from .conftest import assert_no_leftovers
+from .conftest import assert_no_leftovers, need
 
 SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
 BOUND_S = 30.0  # "returns", not a speed claim
 FETCH = ("python3 -c \"import urllib.request,sys; "
          "print(urllib.request.urlopen('http://127.0.0.1:%d/hello.txt', timeout=5).read()"
          ".decode())\"")
+
+
+@pytest.fixture(autouse=True)
+def _tmux():
+    need(shutil.which("tmux") is not None, "tmux (apt-get install tmux)")
 
 
 def _port() -> int:
