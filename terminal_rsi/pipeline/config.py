@@ -60,6 +60,10 @@ class PipelineHarness(Section):
     max_parse_errors: int | None = setting(None, "end an episode at this many unparseable "
                                            "replies (None: the scale's; 0: no limit, the "
                                            "paper's harness)", lo=0)
+    terminal: str | None = setting(None, "how every stage's commands run: 'exec' or "
+                                   "'session' (a persistent tmux terminal per episode; None: "
+                                   "the stage configs' default, exec)",
+                                   choices=("exec", "session"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,9 @@ TINY_FAMILIES = ("create_file", "edit_replace", "count_lines", "sort_uniq", "fin
 HELDOUT_FAMILIES = ("column_sum", "archive", "dir_hunt")
 SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
                        '{"commands":["<shell command>"],"task_complete":true}')
+# the same for harness.terminal = "session": keys are typed into one terminal
+SHORT_SESSION_PROMPT = ('Solve the task in a Linux terminal. Reply with one JSON action: '
+                        '{"commands":["<keys>\\n"],"task_complete":true}')
 TINY_DIMS = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32,
              "d_ff": 384, "max_seq_len": 2048}
 # temperature 0.6 (the evaluation temperature) for every rollout: at 1.0 most samples of the
