@@ -210,7 +210,7 @@ class LocalSandbox(Sandbox):
         self._mounted = False
         self.cgroup: cgroups.SandboxCgroup | None = None
         self.session: TmuxSession | None = None
-        self._session_pid: int | None = None  # a process inside the session's namespaces
+        self._session_ns: dict[str, int] = {}  # open fds of the session's user, net ns
         self._session_pidns: int | None = None
         self._session_host_pid: int | None = None
         base = base_dir or tempfile.gettempdir()
@@ -267,19 +267,26 @@ class LocalSandbox(Sandbox):
         return "; ".join(f"ulimit -S -H {x}" for x in lim)
 
     def _argv(self, command: str, rel_cwd: str, timeout: float,
-              env: Mapping[str, str], join_net: int | None = None) -> list[str]:
+              env: Mapping[str, str], join_ns: Mapping[str, int] | None = None) -> list[str]:
         """The exec's process chain. Every wrapper runs with `_wrapper_env` and ``bash -p``
         (no BASH_ENV, ENV, SHELLOPTS or imported functions); the sandbox's environment
         ``env`` reaches only the final ``bash -c command`` (``env -i`` in plain mode,
         ``--clearenv --setenv`` under bubblewrap), so nothing a task or client puts in it
         (BASH_ENV, LD_PRELOAD, ...) acts in the wrapper, which starts as root.
 
-        ``join_net``: the pid of a process inside a live terminal session; the command's
-        bubblewrap then keeps that session's network namespace (``nsenter --net`` before
-        it, ``--share-net`` in it) so it reaches what the session serves on loopback. Its
-        own PID, mount and IPC namespaces stay fresh: it still ends with its command."""
+        ``join_ns``: open descriptors of a live terminal session's namespaces ("net",
+        "user"; inherited by the chain, closed before the command); the command's bubblewrap
+        then keeps that session's network namespace (``nsenter --net`` before it,
+        ``--share-net`` in it) so it reaches what the session serves on loopback. Its own
+        PID, mount and IPC namespaces stay fresh: it still ends with its command. A
+        descriptor, not a pid, so a session that died cannot hand over a reused pid's
+        namespace."""
         # Innermost wrapper, as the sandbox uid: no survivor of a dead parent, rlimits.
         guard = f'[ "$PPID" = "{os.getpid()}" ] || exit 111; ' if _pdeathsig() else ""
+        if self.mode == "plain":
+            join_ns = None  # plain mode shares the host's network already
+        if join_ns:
+            guard += "".join(f"exec {fd}<&-; " for fd in join_ns.values())
         if self.mode == "plain":
             # The wrapper stays the parent (no exec) so `kill $PPID` hits only the wrapper.
             final = [_tool("env"), "-i", *(f"{k}={v}" for k, v in env.items()),
@@ -288,7 +295,7 @@ class LocalSandbox(Sandbox):
                      "trsi", *final]
         else:
             bw = [_tool("bwrap"), "--unshare-all", "--die-with-parent", "--new-session"]
-            if self.spec.network or join_net is not None:
+            if self.spec.network or join_ns:
                 bw.append("--share-net")
             bw += _bwrap_root_args()
             bw += ["--proc", "/proc", "--dev", "/dev", "--bind", self.ws, SANDBOX_WORKDIR,
@@ -301,18 +308,17 @@ class LocalSandbox(Sandbox):
             bw += ["/bin/bash", "-c", command]
             inner = ["/bin/bash", "-p", "-c", f'{guard}{self._ulimits(timeout)}; exec "$@"',
                      "trsi", *bw]
-        if join_net is not None and self.mode == "plain":
-            join_net = None  # plain mode shares the host's network already
         if self.uid is None or not _pdeathsig():
-            netns = ([_tool("nsenter"), f"--target={join_net}", "--user", "--net",
-                      "--preserve-credentials", "--"] if join_net is not None else [])
+            netns = ([_tool("nsenter"), f"--user=/proc/self/fd/{join_ns['user']}",
+                      f"--net=/proc/self/fd/{join_ns['net']}", "--preserve-credentials", "--"]
+                     if join_ns else [])
             return [*_pdeathsig(), *netns, *inner]
         # As root: join the sandbox's cgroups, then drop to its uid (setpriv sets the
         # parent-death signal after the uid change, which would clear it).
         join = "".join(f'echo $$ > {shlex.quote(f)} || exit 112; '
                        for f in (self.cgroup.procs_files if self.cgroup else ()))
-        netns = (f'{shlex.quote(_tool("nsenter"))} --net=/proc/{join_net}/ns/net -- '
-                 if join_net is not None else "")
+        netns = (f'{shlex.quote(_tool("nsenter"))} --net=/proc/self/fd/{join_ns["net"]} -- '
+                 if join_ns else "")
         drop = (f'exec {netns}{shlex.quote(_tool("setpriv"))} --reuid={self.uid} '
                 f'--regid={self.uid} --clear-groups --pdeathsig KILL -- "$@"')
         return ["/bin/bash", "-p", "-c", join + drop, "trsi", *inner]
@@ -376,6 +382,7 @@ class LocalSandbox(Sandbox):
             if not self._is_workspace_dir(rel):
                 raise BadRequest(f"cwd {cwd!r} is not a directory inside the workspace")
             full_env = self._env(env)
+            join_ns = self._live_ns()
             kw = {}
             if self.uid is not None and not _pdeathsig():  # no setpriv: drop uid in Popen
                 kw = dict(user=self.uid, group=self.uid, extra_groups=[])
@@ -384,8 +391,8 @@ class LocalSandbox(Sandbox):
             t0 = time.monotonic()
             try:
                 proc = subprocess.Popen(
-                    self._argv(command, rel, timeout, full_env, join_net=self._live_netns()),
-                    stdin=subprocess.DEVNULL,
+                    self._argv(command, rel, timeout, full_env, join_ns=join_ns),
+                    stdin=subprocess.DEVNULL, pass_fds=tuple(join_ns.values()),
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._wrapper_env(),
                     cwd=host_cwd if self.mode == "plain" else self.ws,
                     start_new_session=True, close_fds=True, **kw)
@@ -449,11 +456,11 @@ class LocalSandbox(Sandbox):
         return timed_out
 
     # --------------------------------------------------------------- session
-    def _live_netns(self) -> int | None:
-        """The pid whose network namespace an exec joins: the live session's (bwrap)."""
-        if self.session is not None and self.session.alive and self._session_pid is not None:
-            return self._session_pid
-        return None
+    def _live_ns(self) -> dict[str, int]:
+        """The namespaces an exec joins: the live session's (bwrap), as open descriptors."""
+        if self.session is not None and self.session.alive:
+            return self._session_ns
+        return {}
 
     def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> TmuxSession:
         """Start the sandbox's terminal session (`terminal_rsi.sandbox.terminal`): tmux
@@ -485,9 +492,10 @@ class LocalSandbox(Sandbox):
                 raise InfrastructureError(f"cannot start the terminal session: {e}") from e
             if self.mode == "bwrap":
                 self._session_host_pid = proc.pid
-                self._session_pid = procs.descendant_in_other_ns(proc.pid, "pid")
-                self._session_pidns = (procs.ns_inode(self._session_pid, "pid")
-                                       if self._session_pid else None)
+                inside = procs.descendant_in_other_ns(proc.pid, "pid")
+                if inside is not None:
+                    self._session_pidns = procs.ns_inode(inside, "pid")
+                    self._session_ns = _open_ns(inside, ("net", "user"))
             self.session = TmuxSession(
                 _PipeChannel(proc), token, self.spec.max_output_bytes,
                 on_close=lambda: self._end_session(proc))
@@ -506,7 +514,10 @@ class LocalSandbox(Sandbox):
         else:
             procs.freeze_and_kill(self._find)
         proc.wait()
-        self._session_pid = self._session_pidns = self._session_host_pid = None
+        self._session_pidns = self._session_host_pid = None
+        for fd in self._session_ns.values():
+            os.close(fd)
+        self._session_ns = {}
 
     # ----------------------------------------------------------------- files
     def _is_workspace_dir(self, rel: str) -> bool:
@@ -548,6 +559,19 @@ class LocalSandbox(Sandbox):
                 if self.uid is not None:
                     with _uid_lock:
                         _uids_in_use.discard(self.uid)
+
+
+def _open_ns(pid: int, kinds: tuple[str, ...]) -> dict[str, int]:
+    """Open descriptors of ``pid``'s namespaces (all or none)."""
+    out: dict[str, int] = {}
+    try:
+        for k in kinds:
+            out[k] = os.open(f"/proc/{pid}/ns/{k}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        for fd in out.values():
+            os.close(fd)
+        return {}
+    return out
 
 
 class _PipeChannel(Channel):

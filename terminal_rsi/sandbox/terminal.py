@@ -343,21 +343,25 @@ class StreamSession(TerminalSession):
 
     # -- operations
     def wait(self, timeout: float, prompts: int = 0, settle_s: float = SETTLE_S) -> bool:
-        deadline = time.monotonic() + check_wait(timeout)
         with self._cond:
-            target = self._prompts + prompts
-            while True:
-                now = time.monotonic()
-                if prompts and self._prompts >= target:
-                    return True
-                if not prompts and now - self._last_output >= settle_s:
-                    return True
-                if not self._alive or now >= deadline:
-                    return False
-                nap = deadline - now
-                if not prompts:
-                    nap = min(nap, self._last_output + settle_s - now)
-                self._cond.wait(max(nap, 0.001))
+            return self._wait(time.monotonic() + check_wait(timeout),
+                              self._prompts + prompts if prompts else None, settle_s)
+
+    def _wait(self, deadline: float, target: int | None, settle_s: float) -> bool:
+        """Until the prompt count reaches ``target`` (None: until the output is quiet for
+        ``settle_s``), the shell ends, or ``deadline``. Called holding ``_cond``."""
+        while True:
+            now = time.monotonic()
+            if target is not None and self._prompts >= target:
+                return True
+            if target is None and now - self._last_output >= settle_s:
+                return True
+            if not self._alive or now >= deadline:
+                return False
+            nap = deadline - now
+            if target is None:
+                nap = min(nap, self._last_output + settle_s - now)
+            self._cond.wait(max(nap, 0.001))
 
     def read(self) -> SessionOutput:
         with self._cond:
@@ -376,13 +380,15 @@ class StreamSession(TerminalSession):
                              truncated=cap.total > kept, alive=alive)
 
     def run(self, keystrokes: str, timeout: float) -> SessionOutput:
-        check_wait(timeout)
-        t0 = time.monotonic()
-        with self._cond:
-            self._last_output = t0
+        deadline = time.monotonic() + check_wait(timeout)
         n = expected_prompts(check_keystrokes(keystrokes))
+        t0 = time.monotonic()
+        with self._cond:  # counted before sending: a fast prompt must not be missed
+            self._last_output = t0
+            target = self._prompts + n if n else None
         self.send(keystrokes)
-        done = self.wait(timeout, prompts=n)
+        with self._cond:
+            done = self._wait(deadline, target, SETTLE_S)
         out = self.read()
         return dataclasses.replace(out, done=done and out.alive,
                                    duration_s=time.monotonic() - t0)
