@@ -5,10 +5,16 @@ Suites:
 * ``builtin``: the procedural families. Splits: ``train`` (training families, training
   seeds), ``test`` (training families, held-out seeds), ``heldout_families`` (families
   training never sees, any seed), ``all`` (every family, every seed).
+* ``terminal``: the built-in families that need a persistent terminal session
+  (`terminal_rsi.tasks.builtin.TERMINAL_FAMILIES`; keystroke solutions, tag "terminal",
+  verifier mode "shared"). Splits: ``train`` (training seeds), ``test`` (held-out seeds,
+  the same `heldout_seed` rule as ``builtin``), ``all``. It has no held-out families
+  (``heldout_families`` is a ValueError). Run it with a session harness
+  (``terminal="session"``): its solutions are keystrokes, not ``bash -c`` commands.
 * a directory path: Terminal-Bench / Harbor task directories below it (split ``all``).
 
-For built-ins, `n_per_family=None` iterates forever (round-robin over families,
-increasing seeds); an int gives that many instances per family.
+For built-ins and the terminal suite, `n_per_family=None` iterates forever (round-robin
+over families, increasing seeds); an int gives that many instances per family.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from terminal_rsi.tasks.harbor import load_task_dirs
 from terminal_rsi.tasks.spec import Task
 
 SPLITS = ("train", "test", "heldout_families", "all")
+TERMINAL_SPLITS = ("train", "test", "all")
 
 
 def builtin_split(split: str) -> tuple[tuple[str, ...], object]:
@@ -37,11 +44,28 @@ def builtin_split(split: str) -> tuple[tuple[str, ...], object]:
     raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
 
 
+def terminal_split(split: str) -> tuple[tuple[str, ...], object]:
+    """(families, seed predicate) for a split of the ``terminal`` suite."""
+    fams = tuple(b.TERMINAL_FAMILIES)
+    if split == "train":
+        return fams, lambda f, s: not b.heldout_seed(f, s)
+    if split == "test":
+        return fams, b.heldout_seed
+    if split == "all":
+        return fams, lambda f, s: True
+    if split == "heldout_families":
+        raise ValueError("the terminal suite has no held-out families: every terminal family "
+                         "trains, and its held-out instances are the held-out seeds (split "
+                         "'test')")
+    raise ValueError(f"unknown split {split!r} of the terminal suite; choose one of "
+                     f"{TERMINAL_SPLITS}")
+
+
 def get_suite(name: str, split: str = "train", *, n_per_family: int | None = None,
               families: Sequence[str] | None = None, start_seed: int = 0) -> Iterator[Task]:
     """Iterate the tasks of suite `name` and `split` (see module doc)."""
-    if name == "builtin":
-        fams, keep = builtin_split(split)
+    if name in ("builtin", "terminal"):
+        fams, keep = (builtin_split if name == "builtin" else terminal_split)(split)
         if families:
             unknown = set(families) - set(fams)
             if unknown:
@@ -53,7 +77,8 @@ def get_suite(name: str, split: str = "train", *, n_per_family: int | None = Non
         if split != "all":
             raise ValueError(f"a task directory suite has only split 'all', got {split!r}")
         return iter(load_task_dirs(name))
-    raise ValueError(f"unknown suite {name!r}: use 'builtin' or a directory of task dirs")
+    raise ValueError(f"unknown suite {name!r}: use 'builtin', 'terminal' or a directory of "
+                     "task dirs")
 
 
 def pool_tasks(pool, split: str, n_per_family: int | None,

@@ -8,6 +8,12 @@ Splits (see `terminal_rsi.tasks.registry.get_suite`):
 * instance seeds: a seed is held out if `heldout_seed(family, seed)` (a hash, about 20%
   of seeds); training draws only the other seeds;
 * families: `HELDOUT_FAMILIES` never appear in training splits.
+
+`TERMINAL_FAMILIES` (`terminal_families`) need a persistent terminal session: their
+reference solutions are keystrokes, their tasks carry the tag "terminal" and verify in
+mode "shared" (the checks query the agent's live environment). They are kept out of
+`FAMILIES` and of the ``builtin`` suite, so the default pipeline (no sessions) is
+unchanged; the ``terminal`` suite serves them, with the same held-out seeds.
 """
 
 from __future__ import annotations
@@ -17,11 +23,15 @@ import random
 
 from terminal_rsi.tasks.builtin.core import Family, Instance, hygiene_checks
 from terminal_rsi.tasks.builtin.families import FAMILIES as _FAMILIES
+from terminal_rsi.tasks.builtin.terminal_families import TERMINAL_FAMILIES as _TERMINAL
 from terminal_rsi.tasks.spec import Environment, Metadata, Task, VerifierSpec
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _FAMILIES}
 HELDOUT_FAMILIES: tuple[str, ...] = ("column_sum", "archive", "dir_hunt")
 TRAIN_FAMILIES: tuple[str, ...] = tuple(n for n in FAMILIES if n not in HELDOUT_FAMILIES)
+TERMINAL_FAMILIES: dict[str, Family] = {f.name: f for f in _TERMINAL}
+TERMINAL_TAG = "terminal"
+_ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **TERMINAL_FAMILIES}
 HELDOUT_SEED_PERCENT = 20
 VERIFIER_TIMEOUT_S = 60.0
 
@@ -32,33 +42,41 @@ def heldout_seed(family: str, seed: int) -> bool:
     return int.from_bytes(h[:4], "big") % 100 < HELDOUT_SEED_PERCENT
 
 
+def _family(family: str) -> Family:
+    fam = _ALL_FAMILIES.get(family)
+    if fam is None:
+        raise KeyError(f"unknown built-in family {family!r}; known: {sorted(_ALL_FAMILIES)}")
+    return fam
+
+
 def instance(family: str, seed: int) -> Instance:
-    """The instance of `family` for `seed` (deterministic)."""
-    if family not in FAMILIES:
-        raise KeyError(f"unknown built-in family {family!r}; known: {sorted(FAMILIES)}")
+    """The instance of `family` (one of `FAMILIES` or `TERMINAL_FAMILIES`) for `seed`
+    (deterministic)."""
+    fam = _family(family)
     rng = random.Random(f"{family}:{int(seed)}")
-    return FAMILIES[family].generate(rng)
+    return fam.generate(rng)
 
 
 def make_task(family: str, seed: int) -> Task:
-    """A `Task` for one built-in instance; its verifier is the built-in CTRF emitter."""
-    fam = FAMILIES.get(family)
-    if fam is None:
-        raise KeyError(f"unknown built-in family {family!r}; known: {sorted(FAMILIES)}")
+    """A `Task` for one built-in instance; its verifier is the built-in CTRF emitter.
+    A terminal family's task is tagged "terminal" and verified in mode "shared"."""
+    fam = _family(family)
+    terminal = family in TERMINAL_FAMILIES
     inst = instance(family, seed)
     check = BuiltinCheck(family, int(seed))
     n_checks = len(inst.checks(EmptySnapshot(), no_run))
+    tags = ("builtin", TERMINAL_TAG) if terminal else ("builtin",)
     return Task(
         id=f"{family}/{seed}",
         family=family,
         instruction=inst.instruction,
         environment=Environment(files=inst.files, modes=inst.modes),
-        verifier=VerifierSpec(kind="builtin", mode="separate", timeout_s=VERIFIER_TIMEOUT_S,
-                              check=check),
+        verifier=VerifierSpec(kind="builtin", mode="shared" if terminal else "separate",
+                              timeout_s=VERIFIER_TIMEOUT_S, check=check),
         solution=tuple(tuple(t) for t in inst.solution),
         agent_timeout_s=120.0,
         metadata=Metadata(difficulty=fam.difficulty, category=fam.category,
-                          tags=("builtin", f"turns:{fam.turns}")),
+                          tags=(*tags, f"turns:{fam.turns}")),
         expected_checks=n_checks,
         turns=fam.turns,
         format="builtin",
@@ -123,6 +141,7 @@ def no_run(cmd, timeout=0):
     return _NoRun()
 
 
-__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TRAIN_FAMILIES", "EmptySnapshot", "Family",
+__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TERMINAL_FAMILIES", "TERMINAL_TAG",
+           "TRAIN_FAMILIES", "EmptySnapshot", "Family",
            "Instance", "heldout_seed", "hidden_values", "instance", "make_task", "no_run",
            "partial_solution"]
