@@ -99,7 +99,8 @@ class Sandboxes(Section):
 class TaskPool(Sandboxes):
     """Where tasks come from and where their sandboxes run."""
 
-    suite: str = setting("builtin", "'builtin' or a directory of task dirs")
+    suite: str = setting("builtin", "'builtin', 'terminal' (families that need a terminal "
+                         "session: harness.terminal = 'session') or a directory of task dirs")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,8 +52,8 @@ from terminal_rsi.agent.actions import (
 )
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
-from terminal_rsi.sandbox.terminal import SessionOutput, is_key_name
-from terminal_rsi.tasks.spec import EnvironmentUnavailable
+from terminal_rsi.sandbox.terminal import SessionOutput, session_keystrokes
+from terminal_rsi.tasks.spec import SESSION_SOLUTION_WAIT_S, EnvironmentUnavailable
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
 from terminal_rsi.tasks.verify import verify as verify_task
 
@@ -67,8 +67,7 @@ SESSION_SYSTEM_PROMPT = (
 )
 TERMINALS = ("exec", "session")
 VERIFY_MODES = ("shared", "separate")
-# how long the reference policy waits for each command in a terminal session
-REFERENCE_SESSION_WAIT_S = 10.0
+
 SUMMARY_REQUEST = (
     "Summarize the work so far for a fresh context: what the task needs, what you ran, what "
     "you found, and what remains. Reply with the summary only."
@@ -296,21 +295,15 @@ class ScriptedPolicy:
         return out
 
 
-def session_keystrokes(command: str) -> str:
-    """A reference command as typed into a terminal: a key name as it is, other text run
-    (a newline added when it has none)."""
-    return command if is_key_name(command) or command.endswith("\n") else command + "\n"
-
-
 def reference_action(task, turn: int, terminal: str = "exec") -> str:
     """The task's reference solution turn `turn` as a JSON action (the last one declares
     completion; past the end: an empty completing action). For a `terminal` "session"
     harness each command is typed and run (`session_keystrokes`), waiting up to
-    `REFERENCE_SESSION_WAIT_S`."""
+    `SESSION_SOLUTION_WAIT_S`."""
     sol = task.solution
     steps = sol[turn] if turn < len(sol) else ()
     if terminal == "session":
-        wait = float(min(task.agent_timeout_s, REFERENCE_SESSION_WAIT_S))
+        wait = float(min(task.agent_timeout_s, SESSION_SOLUTION_WAIT_S))
         cmds = tuple(Command(session_keystrokes(c), wait) for c in steps)
     else:
         cmds = tuple(Command(c, float(min(task.agent_timeout_s, 120.0))) for c in steps)

@@ -19,18 +19,19 @@ from terminal_rsi.models.loading import model_config
 from terminal_rsi.rewards import FamilyDivisors, calibrate_family_divisors
 from terminal_rsi.sampling import Buckets
 from terminal_rsi.tasks import get_suite
+from terminal_rsi.tasks.registry import PROCEDURAL_SUITES
 
 
 def frozen_divisors(path: str, suite: str, divisor_samples: int) -> FamilyDivisors:
     """Family divisors D_f = q0.90 of each family's check counts (§2.2), calibrated once per
     run dir (saved at `path`) from the tasks' declared check counts (structure, not outcomes)
-    of every family of `suite` (`divisor_samples` instances per family of the built-in
+    of every family of `suite` (`divisor_samples` instances per family of a procedural
     suite), and frozen for every stage (FDR, SPR, rescoring). Families without declared
     counts use the fallback (82)."""
     if os.path.exists(path):
         return FamilyDivisors.load(path)
-    if suite == "builtin":
-        tasks = get_suite("builtin", "all", n_per_family=divisor_samples)
+    if suite in PROCEDURAL_SUITES:
+        tasks = get_suite(suite, "all", n_per_family=divisor_samples)
     else:
         tasks = get_suite(suite, "all")
     counts: dict[str, list[int]] = {}

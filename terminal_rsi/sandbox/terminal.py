@@ -80,6 +80,12 @@ def expected_prompts(keystrokes: str) -> int:
     return keystrokes.count("\n")
 
 
+def session_keystrokes(command: str) -> str:
+    """A shell command as typed to run it in a session: a key name as it is, other text
+    with a trailing newline (added when it has none)."""
+    return command if is_key_name(command) or command.endswith("\n") else command + "\n"
+
+
 def shell_env(token: str) -> dict[str, str]:
     """The session shell's own variables: a plain prompt that reports completion, no
     history file, and ``IGNOREEOF`` so a stray C-d at the prompt does not end the shell."""
@@ -447,5 +453,5 @@ def new_token() -> str:
 
 
 __all__ = ["Channel", "SessionOutput", "StreamSession", "TerminalSession", "TmuxSession",
-           "expected_prompts", "is_key_name", "new_token", "shell_env", "terminal_text",
-           "tmux_argv"]
+           "expected_prompts", "is_key_name", "new_token", "session_keystrokes", "shell_env",
+           "terminal_text", "tmux_argv"]

@@ -7,13 +7,12 @@ Suites:
   training never sees, any seed), ``all`` (every family, every seed).
 * ``terminal``: the built-in families that need a persistent terminal session
   (`terminal_rsi.tasks.builtin.TERMINAL_FAMILIES`; keystroke solutions, tag "terminal",
-  verifier mode "shared"). Splits: ``train`` (training seeds), ``test`` (held-out seeds,
-  the same `heldout_seed` rule as ``builtin``), ``all``. It has no held-out families
-  (``heldout_families`` is a ValueError). Run it with a session harness
-  (``terminal="session"``): its solutions are keystrokes, not ``bash -c`` commands.
+  verifier mode "shared"), with the same splits (held-out family:
+  `TERMINAL_HELDOUT_FAMILIES`). Run it with a session harness (``harness.terminal =
+  "session"``): its solutions are keystrokes, not ``bash -c`` commands.
 * a directory path: Terminal-Bench / Harbor task directories below it (split ``all``).
 
-For built-ins and the terminal suite, `n_per_family=None` iterates forever (round-robin
+For the procedural suites (`PROCEDURAL_SUITES`), `n_per_family=None` iterates forever (round-robin
 over families, increasing seeds); an int gives that many instances per family.
 """
 
@@ -28,44 +27,33 @@ from terminal_rsi.tasks.harbor import load_task_dirs
 from terminal_rsi.tasks.spec import Task
 
 SPLITS = ("train", "test", "heldout_families", "all")
-TERMINAL_SPLITS = ("train", "test", "all")
+# the procedural suites: (every family, the families training never sees)
+PROCEDURAL_SUITES = {
+    "builtin": (b.FAMILIES, b.HELDOUT_FAMILIES),
+    "terminal": (b.TERMINAL_FAMILIES, b.TERMINAL_HELDOUT_FAMILIES),
+}
 
 
-def builtin_split(split: str) -> tuple[tuple[str, ...], object]:
-    """(families, seed predicate) for a built-in split."""
+def procedural_split(suite: str, split: str) -> tuple[tuple[str, ...], object]:
+    """(families, seed predicate) of a split of a procedural suite (module doc)."""
+    families, heldout = PROCEDURAL_SUITES[suite]
+    train = tuple(f for f in families if f not in heldout)
     if split == "train":
-        return b.TRAIN_FAMILIES, lambda f, s: not b.heldout_seed(f, s)
+        return train, lambda f, s: not b.heldout_seed(f, s)
     if split == "test":
-        return b.TRAIN_FAMILIES, b.heldout_seed
+        return train, b.heldout_seed
     if split == "heldout_families":
-        return b.HELDOUT_FAMILIES, lambda f, s: True
+        return tuple(heldout), lambda f, s: True
     if split == "all":
-        return tuple(b.FAMILIES), lambda f, s: True
-    raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
-
-
-def terminal_split(split: str) -> tuple[tuple[str, ...], object]:
-    """(families, seed predicate) for a split of the ``terminal`` suite."""
-    fams = tuple(b.TERMINAL_FAMILIES)
-    if split == "train":
-        return fams, lambda f, s: not b.heldout_seed(f, s)
-    if split == "test":
-        return fams, b.heldout_seed
-    if split == "all":
-        return fams, lambda f, s: True
-    if split == "heldout_families":
-        raise ValueError("the terminal suite has no held-out families: every terminal family "
-                         "trains, and its held-out instances are the held-out seeds (split "
-                         "'test')")
-    raise ValueError(f"unknown split {split!r} of the terminal suite; choose one of "
-                     f"{TERMINAL_SPLITS}")
+        return tuple(families), lambda f, s: True
+    raise ValueError(f"unknown split {split!r} of suite {suite!r}; choose one of {SPLITS}")
 
 
 def get_suite(name: str, split: str = "train", *, n_per_family: int | None = None,
               families: Sequence[str] | None = None, start_seed: int = 0) -> Iterator[Task]:
     """Iterate the tasks of suite `name` and `split` (see module doc)."""
-    if name in ("builtin", "terminal"):
-        fams, keep = (builtin_split if name == "builtin" else terminal_split)(split)
+    if name in PROCEDURAL_SUITES:
+        fams, keep = procedural_split(name, split)
         if families:
             unknown = set(families) - set(fams)
             if unknown:

@@ -27,6 +27,12 @@ from typing import Any
 from terminal_rsi.sandbox.base import text_problem
 
 VERIFIER_MODES = ("separate", "shared")
+# how long a scripted solution waits for each command typed into a terminal session (a
+# command still running then keeps running while the next one is typed, as ahead-typing)
+SESSION_SOLUTION_WAIT_S = 5.0
+# the metadata tag of a task that needs a persistent terminal session (its solution is
+# keystrokes; `terminal_rsi.tasks.verify.run_solution` types it into one)
+TERMINAL_TAG = "terminal"
 VERIFIER_KINDS = ("pytest", "script", "builtin")
 DIFFICULTIES = ("easy", "medium", "hard", "unknown")
 FORMATS = ("terminal-bench", "harbor", "builtin")

@@ -63,7 +63,13 @@ from terminal_rsi.sandbox import (
     open_sandbox,
 )
 from terminal_rsi.sandbox import image as image_mod
-from terminal_rsi.tasks.spec import EnvironmentUnavailable, Task
+from terminal_rsi.sandbox.terminal import session_keystrokes
+from terminal_rsi.tasks.spec import (
+    SESSION_SOLUTION_WAIT_S,
+    TERMINAL_TAG,
+    EnvironmentUnavailable,
+    Task,
+)
 
 VERIFIER_DIR_PREFIX = ".trsi_verifier"
 MIN_CTRF_VERSION = (0, 6)
@@ -295,12 +301,21 @@ def seed_files(sb, files: Mapping[str, bytes], modes: Mapping[str, int] | None =
 
 
 def run_solution(task: Task, sb, *, timeout: float | None = None) -> list[list[Any]]:
-    """Run the reference solution turn by turn; returns the ExecResults per turn."""
+    """Run the reference solution turn by turn; returns the results per turn. A task that
+    needs a terminal (tag "terminal") types it into the sandbox's terminal session (opened
+    here and left open for the verifier; each command waits up to
+    `SESSION_SOLUTION_WAIT_S`: `SessionOutput`s); any other runs each command by exec
+    (`ExecResult`s)."""
+    term = sb.open_session() if TERMINAL_TAG in task.metadata.tags else None
     out = []
     for turn in task.solution:
         results = []
         for cmd in turn:
-            results.append(sb.exec(cmd, timeout=timeout or task.agent_timeout_s))
+            if term is not None:
+                wait = min(timeout or task.agent_timeout_s, SESSION_SOLUTION_WAIT_S)
+                results.append(term.run(session_keystrokes(cmd), wait))
+            else:
+                results.append(sb.exec(cmd, timeout=timeout or task.agent_timeout_s))
         out.append(results)
     return out
 

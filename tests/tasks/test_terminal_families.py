@@ -13,13 +13,14 @@ from terminal_rsi.tasks.builtin import (
     FAMILIES,
     HELDOUT_FAMILIES,
     TERMINAL_FAMILIES,
+    TERMINAL_HELDOUT_FAMILIES,
     TRAIN_FAMILIES,
     heldout_seed,
     hidden_values,
     make_task,
     partial_solution,
 )
-from terminal_rsi.tasks.verify import open_task_sandbox, verify
+from terminal_rsi.tasks.verify import open_task_sandbox, run_reference, verify
 
 BACKEND = "local"  # bubblewrap where usable; built-in tasks may fall back to plain
 ALLOW_PLAIN = "builtin"
@@ -120,8 +121,11 @@ def test_reference_on_plain_backend(family):
 
 def test_terminal_suite_splits():
     train = list(get_suite("terminal", "train", n_per_family=2))
-    assert len(train) == 8
-    assert collections.Counter(t.family for t in train) == dict.fromkeys(NAMES, 2)
+    trained = [n for n in NAMES if n not in TERMINAL_HELDOUT_FAMILIES]
+    assert len(train) == 6 and len(trained) == 3
+    assert collections.Counter(t.family for t in train) == dict.fromkeys(trained, 2)
+    held = list(get_suite("terminal", "heldout_families", n_per_family=2))
+    assert {t.family for t in held} == set(TERMINAL_HELDOUT_FAMILIES)
     test = list(get_suite("terminal", "test", n_per_family=3))
     every = list(get_suite("terminal", "all", n_per_family=5))
     assert all(not heldout_seed(t.family, t.seed) for t in train)
@@ -131,13 +135,20 @@ def test_terminal_suite_splits():
     assert all("terminal" in t.metadata.tags for t in train + test + every)
     only = list(get_suite("terminal", "train", n_per_family=1, families=("persistent_shell",)))
     assert [t.family for t in only] == ["persistent_shell"]
-    with pytest.raises(ValueError, match="no held-out families"):
-        get_suite("terminal", "heldout_families")
     with pytest.raises(ValueError, match="split"):
         get_suite("terminal", "nope")
     with pytest.raises(ValueError, match="not in split"):
         get_suite("terminal", "train", families=("sort_uniq",))
+    with pytest.raises(ValueError, match="not in split"):
+        get_suite("terminal", "train", families=TERMINAL_HELDOUT_FAMILIES)
     # the builtin suite does not serve terminal families
     assert not {t.family for t in get_suite("builtin", "all", n_per_family=1)} & set(NAMES)
     with pytest.raises(KeyError, match="unknown built-in family"):
         make_task("no_such_family", 0)
+
+
+@pytest.mark.parametrize("family", ["persistent_shell", "interrupt_and_redo"])
+def test_run_reference_types_a_terminal_task_into_a_session(family):
+    task = make_task(family, 2)
+    res = run_reference(task, backend="local", sandbox_kwargs={"allow_plain": "builtin"})
+    assert res.S == 1 and res.mode == "shared", res.ctrf

@@ -24,13 +24,13 @@ import random
 from terminal_rsi.tasks.builtin.core import Family, Instance, hygiene_checks
 from terminal_rsi.tasks.builtin.families import FAMILIES as _FAMILIES
 from terminal_rsi.tasks.builtin.terminal_families import TERMINAL_FAMILIES as _TERMINAL
-from terminal_rsi.tasks.spec import Environment, Metadata, Task, VerifierSpec
+from terminal_rsi.tasks.spec import TERMINAL_TAG, Environment, Metadata, Task, VerifierSpec
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _FAMILIES}
 HELDOUT_FAMILIES: tuple[str, ...] = ("column_sum", "archive", "dir_hunt")
 TRAIN_FAMILIES: tuple[str, ...] = tuple(n for n in FAMILIES if n not in HELDOUT_FAMILIES)
 TERMINAL_FAMILIES: dict[str, Family] = {f.name: f for f in _TERMINAL}
-TERMINAL_TAG = "terminal"
+TERMINAL_HELDOUT_FAMILIES: tuple[str, ...] = ("interrupt_and_redo",)
 _ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **TERMINAL_FAMILIES}
 HELDOUT_SEED_PERCENT = 20
 VERIFIER_TIMEOUT_S = 60.0
@@ -141,7 +141,8 @@ def no_run(cmd, timeout=0):
     return _NoRun()
 
 
-__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TERMINAL_FAMILIES", "TERMINAL_TAG",
+__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TERMINAL_FAMILIES", "TERMINAL_HELDOUT_FAMILIES",
+           "TERMINAL_TAG",
            "TRAIN_FAMILIES", "EmptySnapshot", "Family",
            "Instance", "heldout_seed", "hidden_values", "instance", "make_task", "no_run",
            "partial_solution"]
