@@ -35,6 +35,7 @@ cgroups and processes of owners that are gone (:func:`sweep_stale`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import json
 import logging
@@ -164,6 +165,9 @@ PLAIN_MODE_NOTE = (
     "use it for trusted built-in tasks only (docs/sandbox.md)")
 OWNER_FILE = "owner.json"
 _plain_warned = threading.Event()
+# starts terminal sessions (module doc of terminal.py): one thread for the process's life
+_SESSION_SPAWNER = concurrent.futures.ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="trsi-session-spawn")
 _swept: set[str] = set()
 _cgroup_note: list[str] = []
 
@@ -484,10 +488,13 @@ class LocalSandbox(Sandbox):
             if self.uid is not None and not _pdeathsig():
                 kw = dict(user=self.uid, group=self.uid, extra_groups=[])
             try:
-                proc = subprocess.Popen(
-                    self._argv(cmd, ".", lifetime_s, self._env(None)), stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self._wrapper_env(),
-                    cwd=self.ws, start_new_session=True, close_fds=True, **kw)
+                # from a thread that never ends: the session dies with the thread that
+                # started it (its parent-death signal follows the thread, not the process)
+                proc = _SESSION_SPAWNER.submit(
+                    subprocess.Popen, self._argv(cmd, ".", lifetime_s, self._env(None)),
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    env=self._wrapper_env(), cwd=self.ws, start_new_session=True,
+                    close_fds=True, **kw).result()
             except OSError as e:
                 raise InfrastructureError(f"cannot start the terminal session: {e}") from e
             if self.mode == "bwrap":

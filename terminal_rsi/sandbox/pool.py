@@ -15,6 +15,8 @@
   ``BadRequest`` (the caller's fault, including every 4xx answer of a server) never
   marks an endpoint down. ``pool.health()`` checks all endpoints now; ``pool.up()``
   says which are up without checking.
+- Terminal sessions: ``sb.open_session()`` on a pooled sandbox is its inner sandbox's
+  session; its calls count failures against the endpoint as the sandbox's calls do.
 - `host_pool(urls)`: one process-wide pool per comma-separated list of bridge URLs (how
   ``open_sandbox`` serves such a backend).
 - Retries: only *sandbox creation* is retried, only on infrastructure errors
@@ -34,7 +36,12 @@ import time
 from collections.abc import Mapping, Sequence
 
 from terminal_rsi.sandbox.backends import open_backend
-from terminal_rsi.sandbox.base import ExecResult, Sandbox, SandboxSpec
+from terminal_rsi.sandbox.base import (
+    DEFAULT_SESSION_LIFETIME_S,
+    ExecResult,
+    Sandbox,
+    SandboxSpec,
+)
 from terminal_rsi.sandbox.errors import (
     BadRequest,
     InfrastructureError,
@@ -42,6 +49,7 @@ from terminal_rsi.sandbox.errors import (
     SandboxError,
 )
 from terminal_rsi.sandbox.remote import BridgeClient, RemoteSandbox
+from terminal_rsi.sandbox.terminal import SETTLE_S, SessionOutput, TerminalSession
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +115,9 @@ class PooledSandbox(Sandbox):
     def get_tar(self, path: str = ".", max_bytes: int = 256 << 20) -> bytes:
         return self._call(self.inner.get_tar, path, max_bytes=max_bytes)
 
+    def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> PooledSession:
+        return PooledSession(self, self._call(self.inner.open_session, lifetime_s))
+
     def close(self) -> None:
         if self._closed:
             return
@@ -115,6 +126,34 @@ class PooledSandbox(Sandbox):
             self.inner.close()
         finally:
             self._pool._release(self)
+
+
+class PooledSession(TerminalSession):
+    """The terminal session of a pooled sandbox: delegates; an infrastructure error of any
+    call counts against the sandbox's endpoint as its sandbox's calls do."""
+
+    def __init__(self, sandbox: PooledSandbox, inner: TerminalSession):
+        self.sandbox, self.inner = sandbox, inner
+        self.max_output_bytes = inner.max_output_bytes
+
+    def send(self, keystrokes: str) -> None:
+        self.sandbox._call(self.inner.send, keystrokes)
+
+    def wait(self, timeout: float, prompts: int = 0, settle_s: float = SETTLE_S) -> bool:
+        return self.sandbox._call(self.inner.wait, timeout, prompts=prompts, settle_s=settle_s)
+
+    def read(self) -> SessionOutput:
+        return self.sandbox._call(self.inner.read)
+
+    def run(self, keystrokes: str, timeout: float) -> SessionOutput:
+        return self.sandbox._call(self.inner.run, keystrokes, timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.sandbox._call(lambda: self.inner.alive)
+
+    def close(self) -> None:
+        self.sandbox._call(self.inner.close)
 
 
 class SandboxPool:

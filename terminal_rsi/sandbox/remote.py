@@ -1,5 +1,12 @@
 """RemoteSandbox: the Sandbox protocol over HTTP against ``terminal_rsi.sandbox.serve``.
 
+Each call is one request (the server's module doc has the table): ``exec`` -> ``POST
+/v1/sandboxes/{id}/exec``, ``put_tar`` / ``get_tar`` -> ``PUT`` / ``GET .../files``,
+``close`` -> ``DELETE /v1/sandboxes/{id}``. ``open_session`` -> ``POST .../session`` gives
+a :class:`RemoteSession` whose ``send`` / ``wait`` / ``read`` / ``run`` are ``POST
+.../session/send|wait|read|run``, ``alive`` is ``GET .../session`` and ``close`` is
+``DELETE .../session``; a wait or run has ``timeout + SESSION_MARGIN_S`` of HTTP time.
+
 Errors map to types and are never retried here (the pool retries sandbox
 creation on infrastructure errors only):
 
@@ -24,6 +31,8 @@ import uuid
 from collections.abc import Mapping
 
 from terminal_rsi.sandbox.base import (
+    DEFAULT_SESSION_LIFETIME_S,
+    MAX_EXEC_TIMEOUT_S,
     ExecResult,
     Sandbox,
     SandboxSpec,
@@ -38,6 +47,13 @@ from terminal_rsi.sandbox.errors import (
     SandboxError,
     SandboxLost,
 )
+from terminal_rsi.sandbox.terminal import (
+    SETTLE_S,
+    SessionOutput,
+    TerminalSession,
+    check_keystrokes,
+    check_wait,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +61,7 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "TERMINAL_RSI_SANDBOX_TOKEN"
 TOKEN_FILE_ENV = "TERMINAL_RSI_SANDBOX_TOKEN_FILE"
 SANDBOX_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what a bridge hands out (hex ids)
+SESSION_MARGIN_S = 30.0  # HTTP timeout of a session wait or run beyond its own timeout
 
 
 def read_secret_file(path: str, what: str = "token file", max_bytes: int = 1 << 20) -> str:
@@ -233,6 +250,23 @@ class RemoteSandbox(Sandbox):
                                 timeout=max(self.client.timeout, 120.0))
         return r.content
 
+    def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> RemoteSession:
+        """Open the sandbox's terminal session on the bridge (see `Sandbox.open_session`);
+        the server refuses a ``lifetime_s`` above its ``--max-timeout-s``."""
+        if isinstance(lifetime_s, bool) or not (
+                isinstance(lifetime_s, int | float) and 0 < lifetime_s <= MAX_EXEC_TIMEOUT_S):
+            raise BadRequest(f"lifetime_s must be a number of seconds in (0, "
+                             f"{MAX_EXEC_TIMEOUT_S}], got {lifetime_s!r}")
+        self._check_open()
+        self.client.request("POST", f"/v1/sandboxes/{self.id}/session",
+                            json={"lifetime_s": lifetime_s},
+                            timeout=max(self.client.timeout, 120.0))
+        return RemoteSession(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         if self._closed:
             return
@@ -245,3 +279,77 @@ class RemoteSandbox(Sandbox):
         finally:
             if self._own_client:
                 self.client.close()
+
+
+class RemoteSession(TerminalSession):
+    """The terminal session of a `RemoteSandbox`: each operation is one bridge request
+    (``/v1/sandboxes/{id}/session/...``), with the errors of `BridgeClient.request`. A wait
+    or run gets ``timeout + SESSION_MARGIN_S`` seconds of HTTP time. Once it or its sandbox
+    is closed, every operation raises SandboxLost."""
+
+    def __init__(self, sandbox: RemoteSandbox):
+        self.sandbox = sandbox
+        self.max_output_bytes = sandbox.spec.max_output_bytes
+        self._path = f"/v1/sandboxes/{sandbox.id}/session"
+        self._closed = False
+
+    def _post(self, op: str, body: dict, timeout: float | None = None) -> dict:
+        if self._closed or self.sandbox.closed:
+            raise SandboxLost(f"the terminal session of sandbox {self.sandbox.id} is closed")
+        client = self.sandbox.client
+        r = client.request("POST", f"{self._path}/{op}", json=body,
+                           timeout=timeout or client.timeout)
+        return _answer(r, f"{client.url} session {op}")
+
+    def _output(self, data: dict, op: str) -> SessionOutput:
+        try:
+            return SessionOutput.from_json(data)
+        except (KeyError, TypeError) as e:
+            raise InfrastructureError(f"bridge {self.sandbox.client.url} session {op}: the "
+                                      f"answer is not a SessionOutput ({e!r})") from e
+
+    def send(self, keystrokes: str) -> None:
+        self._post("send", {"keystrokes": check_keystrokes(keystrokes)})
+
+    def wait(self, timeout: float, prompts: int = 0, settle_s: float = SETTLE_S) -> bool:
+        timeout = check_wait(timeout)
+        check_wait(settle_s, "settle_s")
+        if isinstance(prompts, bool) or not (isinstance(prompts, int) and prompts >= 0):
+            raise BadRequest(f"prompts must be an int >= 0, got {prompts!r}")
+        data = self._post("wait", {"timeout": timeout, "prompts": prompts, "settle_s": settle_s},
+                          timeout + SESSION_MARGIN_S)
+        if not isinstance(data.get("done"), bool):
+            raise InfrastructureError(f"bridge {self.sandbox.client.url} session wait: the "
+                                      f"answer has no boolean done: {data!r:.200}")
+        return data["done"]
+
+    def read(self) -> SessionOutput:
+        return self._output(self._post("read", {}), "read")
+
+    def run(self, keystrokes: str, timeout: float) -> SessionOutput:
+        body = {"keystrokes": check_keystrokes(keystrokes), "timeout": check_wait(timeout)}
+        return self._output(self._post("run", body, body["timeout"] + SESSION_MARGIN_S), "run")
+
+    @property
+    def alive(self) -> bool:
+        if self._closed or self.sandbox.closed:
+            return False
+        client = self.sandbox.client
+        try:
+            data = _answer(client.request("GET", self._path), f"{client.url} session")
+        except SandboxLost:
+            return False
+        return data.get("alive") is True
+
+    def close(self) -> None:
+        if self._closed or self.sandbox.closed:
+            self._closed = True
+            return
+        self._closed = True
+        try:
+            self.sandbox.client.request("DELETE", self._path,
+                                        timeout=max(self.sandbox.client.timeout, 60.0))
+        except (InfrastructureError, SandboxLost) as e:
+            # The server is gone or dropped the sandbox; closing the sandbox ends it anyway.
+            log.warning("closing the terminal session of remote sandbox %s: %s",
+                        self.sandbox.id, e)

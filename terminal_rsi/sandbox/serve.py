@@ -16,11 +16,27 @@ POST     /v1/sandboxes                    {"spec": SandboxSpec.to_json()} -> {"i
 POST     /v1/sandboxes/{id}/exec          {"command", "timeout", "env", "cwd"} -> ExecResult
 PUT      /v1/sandboxes/{id}/files?dest=   body: tar stream -> {}
 GET      /v1/sandboxes/{id}/files?path=   -> tar stream (application/x-tar); &max_bytes=
-DELETE   /v1/sandboxes/{id}               -> {} (idempotent)
+DELETE   /v1/sandboxes/{id}               -> {} (idempotent; closes its session too)
+POST     /v1/sandboxes/{id}/session       {"lifetime_s"} -> {} (201): open the terminal
+                                          session (one per sandbox)
+GET      /v1/sandboxes/{id}/session       -> {"open", "alive"}
+POST     .../session/send                 {"keystrokes"} -> {}
+POST     .../session/wait                 {"timeout", "prompts", "settle_s"} ->
+                                          {"done", "alive"}
+POST     .../session/read                 {} -> SessionOutput
+POST     .../session/run                  {"keystrokes", "timeout"} -> SessionOutput
+DELETE   /v1/sandboxes/{id}/session       -> {} (idempotent): ends all it started
 GET      /v1/health                       -> {"ok", "backend", "plain", "sandboxes",
                                               "capacity", "limits"}
 GET      /v1/metrics                      -> counters (JSON)
 =======  ===============================  ===========================================
+
+Terminal sessions (`terminal_rsi.sandbox.terminal` gives the semantics of each operation):
+``lifetime_s`` and every wait or run ``timeout`` are at most ``--max-timeout-s`` (refused
+above it), so no request waits longer. Session operations run beside the sandbox's execs
+(a ``run`` and an ``exec`` at once; a ``send`` of ``C-c`` during a ``wait``); a long wait
+holds one worker thread, never the event loop or another sandbox. Deleting or reaping the
+sandbox closes its session first. A session operation on a sandbox without one is a 400.
 
 Every request is checked against its schema before anything runs (:func:`parse_json_object`,
 :func:`parse_exec`, :func:`parse_spec`, :func:`parse_query`): bodies are JSON objects of the
@@ -68,6 +84,7 @@ from typing import Any
 
 from terminal_rsi.sandbox.backends import BACKENDS, open_backend
 from terminal_rsi.sandbox.base import (
+    DEFAULT_SESSION_LIFETIME_S,
     MAX_COMMAND_BYTES,
     MAX_CPUS,
     MAX_EXEC_TIMEOUT_S,
@@ -91,6 +108,7 @@ from terminal_rsi.sandbox.errors import (
 )
 from terminal_rsi.sandbox.local import PLAIN_MODE_NOTE, bwrap_available, sweep_stale
 from terminal_rsi.sandbox.remote import SANDBOX_ID, read_secret_file
+from terminal_rsi.sandbox.terminal import SETTLE_S, TerminalSession
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +116,7 @@ MAX_JSON_DEPTH = 32  # arrays/objects inside one another in a request body
 MAX_JSON_CONTAINERS = 64  # arrays/objects in one request body (a valid one has at most 4)
 MAX_JSON_SCAN_ESCAPES = 2_000_000  # quotes + backslashes in a body that also has many brackets
 MAX_EXEC_BODY_BYTES = 4 * MiB  # an exec body: command (128 KiB) + env (256 KiB), JSON-escaped
+MAX_SESSION_BODY_BYTES = 64 << 10  # an open / wait / read body: a few numbers
 MAX_TOKEN_FILE_BYTES = 1 * MiB
 
 
@@ -153,7 +172,8 @@ class ServerLimits:
     max_pids: int = _limit(1024, "largest spec.pids (processes per sandbox)")
     max_cpus: float = _limit(doc="largest spec.cpus (CPU cores per sandbox; by default all "
                                  "of this host's)", default_factory=_cpu_count)
-    max_timeout_s: float = _limit(3600.0, "longest exec timeout (seconds)")
+    max_timeout_s: float = _limit(3600.0, "longest exec timeout, terminal-session lifetime "
+                                          "and session wait (seconds)")
     max_output_bytes: int = _limit(16 * MiB, "largest spec.max_output_bytes (bytes kept per "
                                              "stream per exec)")
     max_open_files: int = _limit(65536, "largest spec.open_files (RLIMIT_NOFILE)")
@@ -359,6 +379,72 @@ def parse_exec(data: Mapping[str, Any], limits: ServerLimits) -> dict[str, Any]:
     return out
 
 
+SESSION_OPEN_FIELDS = ("lifetime_s",)
+SEND_FIELDS = ("keystrokes",)
+WAIT_FIELDS = ("timeout", "prompts", "settle_s")
+RUN_FIELDS = ("keystrokes", "timeout")
+MAX_WAIT_PROMPTS = MAX_COMMAND_BYTES  # the most Enter presses one send can hold
+
+
+def _seconds(value: Any, what: str, hi: float, flag: str = "--max-timeout-s") -> float:
+    """A finite number of seconds in [0, hi], or BadRequest naming ``what``."""
+    if not (_is_number(value) and 0 <= value <= hi):
+        raise BadRequest(f"{what} must be a finite number of seconds in [0, {hi:g}] "
+                         f"(serve {flag}), got {_show(value)}")
+    return float(value)
+
+
+def _keystrokes(data: Mapping[str, Any], what: str) -> str:
+    if "keystrokes" not in data:
+        raise BadRequest(f"{what}.keystrokes is required: the text to type, or one tmux key "
+                         "name such as C-c (a string)")
+    return check_text(data["keystrokes"], f"{what}.keystrokes", MAX_COMMAND_BYTES)
+
+
+def _wait_timeout(data: Mapping[str, Any], what: str, limits: ServerLimits) -> float:
+    if "timeout" not in data:
+        raise BadRequest(f"{what}.timeout is required: the most seconds to wait (a number)")
+    return _seconds(data["timeout"], f"{what}.timeout", limits.max_timeout_s)
+
+
+def parse_session_open(data: Mapping[str, Any], limits: ServerLimits) -> float:
+    """``lifetime_s`` of an open-session request: in (0, max_timeout_s] (it bounds each of
+    the session's processes' CPU time, as an exec's timeout does); default one hour or the
+    maximum, whichever is less."""
+    _check_fields(data, SESSION_OPEN_FIELDS, "session")
+    v = data.get("lifetime_s")
+    if v is None:
+        return min(DEFAULT_SESSION_LIFETIME_S, limits.max_timeout_s)
+    return limits.check_timeout(v, "session.lifetime_s")
+
+
+def parse_send(data: Mapping[str, Any]) -> str:
+    """The keystrokes of a send request."""
+    _check_fields(data, SEND_FIELDS, "send")
+    return _keystrokes(data, "send")
+
+
+def parse_wait(data: Mapping[str, Any], limits: ServerLimits) -> dict[str, Any]:
+    """Checked ``TerminalSession.wait`` keyword arguments from a wait request body."""
+    _check_fields(data, WAIT_FIELDS, "wait")
+    out: dict[str, Any] = {"timeout": _wait_timeout(data, "wait", limits)}
+    prompts = data.get("prompts", 0)
+    if not (_is_int(prompts) and 0 <= prompts <= MAX_WAIT_PROMPTS):
+        raise BadRequest(f"wait.prompts must be an integer in [0, {MAX_WAIT_PROMPTS}] (the "
+                         f"prompts to wait for; 0: quiet output), got {_show(prompts)}")
+    out["prompts"] = prompts
+    out["settle_s"] = _seconds(data.get("settle_s", SETTLE_S), "wait.settle_s",
+                               limits.max_timeout_s)
+    return out
+
+
+def parse_run(data: Mapping[str, Any], limits: ServerLimits) -> dict[str, Any]:
+    """Checked ``TerminalSession.run`` keyword arguments from a run request body."""
+    _check_fields(data, RUN_FIELDS, "run")
+    return {"keystrokes": _keystrokes(data, "run"),
+            "timeout": _wait_timeout(data, "run", limits)}
+
+
 _SPEC_INTS = ("memory_mb", "pids", "disk_mb", "max_output_bytes", "open_files")
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(SandboxSpec))
 
@@ -457,6 +543,9 @@ class _Entry:
     owner: str
     last_used: float
     busy: int = 0
+    session: TerminalSession | None = None
+    closed: bool = False  # dropped from the manager: a session opened now is closed at once
+    session_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 class SandboxManager:
@@ -543,7 +632,8 @@ class SandboxManager:
             if e is None or not hmac.compare_digest(e.owner.encode(), owner.encode()):
                 return  # idempotent
             del self._entries[sid]
-        e.sandbox.close()
+            e.closed = True
+        self._close_entry(e)
         self.metrics["sandboxes_deleted"] += 1
 
     def reap(self) -> int:
@@ -552,10 +642,61 @@ class SandboxManager:
             idle = [sid for sid, e in self._entries.items()
                     if e.busy == 0 and now - e.last_used > self.ttl_s]
             victims = [self._entries.pop(sid) for sid in idle]
+            for e in victims:
+                e.closed = True
         for e in victims:
-            e.sandbox.close()
+            self._close_entry(e)
         self.metrics["sandboxes_reaped"] += len(victims)
         return len(victims)
+
+    @staticmethod
+    def _close_entry(e: _Entry) -> None:
+        """Close a dropped entry's terminal session, then its sandbox (whatever the first
+        does, the second runs). ``e.closed`` is set first, so a session being opened
+        meanwhile is closed by its opener (`open_session`)."""
+        session, e.session = e.session, None
+        try:
+            if session is not None:
+                session.close()
+        finally:
+            e.sandbox.close()
+
+    # -- terminal sessions (one per sandbox; its operations run beside execs, see build_app)
+    def open_session(self, e: _Entry, lifetime_s: float) -> None:
+        """Open ``e``'s terminal session; BadRequest if one is live (a dead one is closed
+        first: its processes end)."""
+        with e.session_lock:
+            old = e.session
+            if old is not None and old.alive:
+                raise BadRequest(f"sandbox {e.sandbox.id} already has a terminal session; "
+                                 f"close it (DELETE /v1/sandboxes/{e.sandbox.id}/session) "
+                                 "before opening another")
+            if old is not None:
+                e.session = None
+                old.close()
+            session = e.session = e.sandbox.open_session(lifetime_s)
+            if e.closed:  # the sandbox was deleted or reaped while this one opened
+                e.session = None
+                session.close()
+                raise SandboxLost(f"sandbox {e.sandbox.id} was closed while its terminal "
+                                  "session opened")
+        self.metrics["sessions_opened"] += 1
+
+    @staticmethod
+    def session_of(e: _Entry) -> TerminalSession:
+        session = e.session
+        if session is None:
+            raise BadRequest(f"sandbox {e.sandbox.id} has no terminal session; open one "
+                             f"first (POST /v1/sandboxes/{e.sandbox.id}/session)")
+        return session
+
+    def close_session(self, e: _Entry) -> None:
+        """Close ``e``'s terminal session and everything it started (idempotent)."""
+        with e.session_lock:
+            session, e.session = e.session, None
+        if session is not None:
+            session.close()
+            self.metrics["sessions_closed"] += 1
 
     def active(self) -> int:
         with self._lock:
@@ -566,9 +707,11 @@ class SandboxManager:
             self._closed = True
             victims = list(self._entries.values())
             self._entries.clear()
+            for e in victims:
+                e.closed = True
         for e in victims:
             try:
-                e.sandbox.close()
+                self._close_entry(e)
             except Exception as ex:  # noqa: BLE001
                 log.warning("closing %s at shutdown: %s", e.sandbox.id, ex)
         if self._docker is not None:
@@ -727,7 +870,8 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
     @asynccontextmanager
     async def lifespan(app):
         limiter = anyio.to_thread.current_default_thread_limiter()
-        limiter.total_tokens = max(limiter.total_tokens, 2 * manager.max_sandboxes + 8)
+        # per sandbox at once: an exec, a session wait or run, a send (C-c) and a close
+        limiter.total_tokens = max(limiter.total_tokens, 4 * manager.max_sandboxes + 8)
         t = threading.Thread(target=reaper, daemon=True, name="trsi-reaper")
         t.start()
         try:
@@ -744,8 +888,89 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
         Route("/v1/sandboxes/{sid}/files", endpoint(put_files), methods=["PUT"]),
         Route("/v1/sandboxes/{sid}/files", endpoint(get_files), methods=["GET"]),
         Route("/v1/sandboxes/{sid}", endpoint(delete), methods=["DELETE"]),
+        *_session_routes(manager, endpoint, body, max_request_bytes),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _session_routes(manager: SandboxManager, endpoint, body, max_request_bytes: int) -> list:
+    """The terminal-session routes of `build_app` (the module doc lists them); ``endpoint``
+    and ``body`` are build_app's (auth, error mapping, body caps). Each operation runs in a
+    worker thread with the sandbox marked busy (not reaped), beside its execs: the session
+    has its own locks, so a long wait blocks neither an exec nor a C-c sent to stop it."""
+    # the web framework, imported here: only the bridge server process needs it
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    limits = manager.limits
+    small = min(max_request_bytes, MAX_SESSION_BODY_BYTES)
+    large = min(max_request_bytes, MAX_EXEC_BODY_BYTES)
+
+    async def fields(request, limit: int, what: str, empty_ok: bool = False) -> dict:
+        parse_query(request.query_params, {})
+        return parse_json_object(await body(request, limit), what, empty_ok=empty_ok)
+
+    async def on_entry(request, owner: str, fn, *args):
+        e = manager.acquire(owner, parse_sid(request.path_params["sid"]))
+        try:
+            return await run_in_threadpool(fn, e, *args)
+        finally:
+            manager.release(e)
+
+    async def on_session(request, owner: str, fn):
+        return await on_entry(request, owner, lambda e: fn(manager.session_of(e)))
+
+    async def open_(request, owner: str):
+        lifetime_s = parse_session_open(await fields(request, small, "session", True), limits)
+        await on_entry(request, owner, manager.open_session, lifetime_s)
+        return JSONResponse({}, status_code=201)
+
+    async def status(request, owner: str):
+        parse_query(request.query_params, {})
+
+        def state(e: _Entry) -> dict[str, bool]:
+            s = e.session
+            return {"open": s is not None, "alive": s is not None and s.alive}
+        return JSONResponse(await on_entry(request, owner, state))
+
+    async def send(request, owner: str):
+        keystrokes = parse_send(await fields(request, large, "send"))
+        await on_session(request, owner, lambda s: s.send(keystrokes))
+        return JSONResponse({})
+
+    async def wait(request, owner: str):
+        kw = parse_wait(await fields(request, small, "wait"), limits)
+        done, alive = await on_session(request, owner, lambda s: (s.wait(**kw), s.alive))
+        return JSONResponse({"done": done, "alive": alive})
+
+    async def read(request, owner: str):
+        _check_fields(await fields(request, small, "read", True), (), "read")
+        return JSONResponse((await on_session(request, owner, lambda s: s.read())).to_json())
+
+    async def run(request, owner: str):
+        kw = parse_run(await fields(request, large, "run"), limits)
+        out = await on_session(request, owner, lambda s: s.run(**kw))
+        manager.metrics["session_runs"] += 1
+        manager.metrics["session_run_timeouts"] += int(not out.done)
+        manager.metrics["session_run_seconds_sum"] += out.duration_s
+        return JSONResponse(out.to_json())
+
+    async def close(request, owner: str):
+        parse_query(request.query_params, {})
+        await on_entry(request, owner, manager.close_session)
+        return JSONResponse({})
+
+    base = "/v1/sandboxes/{sid}/session"
+    return [
+        Route(base, endpoint(open_), methods=["POST"]),
+        Route(base, endpoint(status), methods=["GET"]),
+        Route(base, endpoint(close), methods=["DELETE"]),
+        Route(base + "/send", endpoint(send), methods=["POST"]),
+        Route(base + "/wait", endpoint(wait), methods=["POST"]),
+        Route(base + "/read", endpoint(read), methods=["POST"]),
+        Route(base + "/run", endpoint(run), methods=["POST"]),
+    ]
 
 
 class _TooLarge(Exception):

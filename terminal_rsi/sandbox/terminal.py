@@ -339,6 +339,8 @@ class StreamSession(TerminalSession):
             self._cond.notify_all()
 
     def _write(self, data: bytes) -> None:
+        with self._cond:  # quiet is measured from the keys sent, too (their echo follows)
+            self._last_output = time.monotonic()
         with self._write_lock:
             if self._closed:
                 raise SandboxLost("the terminal session is closed")
@@ -390,7 +392,6 @@ class StreamSession(TerminalSession):
         n = expected_prompts(check_keystrokes(keystrokes))
         t0 = time.monotonic()
         with self._cond:  # counted before sending: a fast prompt must not be missed
-            self._last_output = t0
             target = self._prompts + n if n else None
         self.send(keystrokes)
         with self._cond:

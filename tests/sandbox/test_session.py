@@ -8,6 +8,7 @@ import dataclasses
 import random
 import secrets
 import shutil
+import threading
 import time
 
 import pytest
@@ -228,3 +229,14 @@ def test_exec_timeout_spares_the_session(make_sandbox):
     assert sb.exec("false", timeout=10).exit_code == 1
     assert "Running" in term.run("jobs\n", 10).text
     assert pids_with_cmdline(b"987.801")
+
+
+def test_session_outlives_the_thread_that_opened_it(make_sandbox):
+    sb = make_sandbox(SPEC)
+    box = []
+    opener = threading.Thread(target=lambda: box.append(sb.open_session()))
+    opener.start()
+    opener.join()
+    time.sleep(0.5)  # a parent-death signal would have fired by now
+    term = box[0]
+    assert term.alive and term.run("echo still here\n", 10).text.count("still here") == 2
