@@ -35,9 +35,28 @@ Commands
     exec runs the same kill before ``exec`` returns (SandboxLost if it cannot).
     Pid 1 is a bash loop that reaps what it adopts, so the zombies of killed orphans do
     not keep holding PIDs. Output is read from the raw exec socket into head+tail
-    caps. A malformed request (NUL, lone surrogate, a command over 128 KiB, a bad env,
-    timeout or cwd) is a :class:`BadRequest` before anything reaches the engine
-    (``base.check_exec_args``).
+    caps. While a terminal session lives (below) the wrapper instead kills only the
+    command's own process group (GNU ``timeout`` leads one):
+
+        timeout -s KILL T bash -c CMD & pid=$!; wait $pid; rc=$?; kill -9 -- -$pid
+
+    and the second exec is skipped, so the session's processes survive. A daemon the
+    command detaches into another process group (``setsid``, a double fork that calls
+    ``setpgid``) then lives until the session or the sandbox closes, as with
+    Terminal-Bench's ``docker exec`` (one that keeps the command's output open makes
+    the exec return about 2 s late: the engine waits that long for the streams); so
+    does what is left when the command kills its own wrapper. A malformed request
+    (NUL, lone surrogate, a command over 128 KiB, a bad env, timeout or cwd) is a
+    :class:`BadRequest` before anything reaches the engine (``base.check_exec_args``).
+Terminal session (`open_session`)
+    one at a time, started by a docker exec with stdin attached as the sandbox user, with
+    the command's environment, each process's CPU time bounded by ``lifetime_s``
+    (RLIMIT_CPU): a tmux control-mode client (`terminal.tmux_argv`, socket
+    ``/tmp/.trsi-tmux``) over the exec's multiplexed stream when the image has ``tmux``,
+    else ``bash -i`` on the exec's own tty (`pty_session.PtySession`, same semantics). It
+    shares the container, so ``exec`` sees its files, processes and network. Closing it
+    closes the stream and then kills every process of the sandbox user (pid 1 aside):
+    no tmux server, shell or background job survives. Closing the sandbox closes it.
 Files
     move through GNU tar inside the container (stdin / stdout of an exec run as the
     sandbox user, with an environment the caller cannot set), so they land on the
@@ -49,8 +68,12 @@ Files
     directories must be real directories); links are archived as links, FIFOs, sockets
     and devices are skipped, and the stream itself (headers included) is counted while
     it arrives: past ``max_bytes`` or the member cap the exec is dropped at once (its
-    tar dies of SIGPIPE). Every failure of a file operation is a BadRequest naming
-    the path, never an ``OSError`` or a raw Docker error.
+    tar dies of SIGPIPE). While a terminal session lives the transfer does not first
+    kill the sandbox's processes (it would end the session): a process of the session
+    can then swap a checked directory for a link before tar reaches it, which gains it
+    nothing, as tar runs as the sandbox user inside the container and reaches only what
+    that user can read or write anyway. Every failure of a file operation is a
+    BadRequest naming the path, never an ``OSError`` or a raw Docker error.
 Cleanup
     ``close`` removes the container and unmounts its tmpfs. Containers carry owner
     labels (hostname, boot id, pid namespace, pid, process start time); the first
@@ -87,7 +110,9 @@ from collections.abc import Iterable, Mapping
 
 from terminal_rsi.sandbox import procs
 from terminal_rsi.sandbox.base import (
+    DEFAULT_SESSION_LIFETIME_S,
     MARKER_ENV,
+    MAX_EXEC_TIMEOUT_S,
     ExecResult,
     OutputCap,
     Sandbox,
@@ -104,6 +129,17 @@ from terminal_rsi.sandbox.errors import (
     SandboxError,
     SandboxLost,
 )
+from terminal_rsi.sandbox.pty_session import PtySession
+from terminal_rsi.sandbox.terminal import (
+    HEIGHT,
+    WIDTH,
+    Channel,
+    StreamSession,
+    TmuxSession,
+    new_token,
+    shell_env,
+    tmux_argv,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +152,16 @@ DISK_PREFIX = "trsi-dk-"
 # `command -p`: the wrapper's tools come from the system's default PATH, never the exec's env.
 _WRAPPER = ('exec 3>&2 2>/dev/null; command -p timeout -s KILL "$0" "$@" 2>&3 3>&-; rc=$?; '
             'kill -9 -1; kill -9 -1; exit $rc')
+# The same while a terminal session lives: only the command's process group is killed
+# (timeout makes itself a group leader), so the session's processes live on.
+_GROUP_WRAPPER = ('exec 3>&2 2>/dev/null; command -p timeout -s KILL "$0" "$@" 2>&3 3>&- & '
+                  'pid=$!; wait $pid; rc=$?; kill -9 -- -$pid; exit $rc')
+# The terminal session's process: every process it starts inherits the CPU-time bound; on
+# a tty (no tmux) the shell starts at the session's size (a later resize would redraw).
+_SESSION_WRAPPER = ('ulimit -S -H -t "$0" 2>/dev/null || exit 125; '
+                    f'if [ -t 0 ]; then command -p stty cols {WIDTH} rows {HEIGHT}; fi; '
+                    'exec "$@"')
+SESSION_SOCKET = "/tmp/.trsi-tmux"
 # pid 1 of every container: it reaps the orphans a command leaves (``sleep infinity`` would
 # keep their zombies, each holding one of spec.pids for good); ``kill -9 -1`` spares pid 1.
 _INIT = ["/bin/bash", "-c", "while :; do sleep 86400 & wait $!; done"]
@@ -413,7 +459,8 @@ def sweep_stale(client=None, *, once: bool = False, min_age_s: float = 60.0) -> 
     me = procs.owner_identity()
     n = 0
     try:
-        found = client.containers.list(all=True, filters={"label": LABEL})
+        # ignore_removed: a container removed meanwhile (another sweep) is not an error
+        found = client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
     except Exception as e:  # noqa: BLE001
         raise _map_error(e, "list sandbox containers") from e
     for c in found:
@@ -454,7 +501,7 @@ def remove_containers(client=None, pid: int | None = None) -> int:
     client = client or docker_client()
     filt = {"label": [f"{LABEL}.pid={pid}"] if pid is not None else [LABEL]}
     n = 0
-    for c in client.containers.list(all=True, filters=filt):
+    for c in client.containers.list(all=True, filters=filt, ignore_removed=True):
         try:
             c.remove(force=True, v=True)
             n += 1
@@ -468,16 +515,17 @@ def remove_containers(client=None, pid: int | None = None) -> int:
 
 
 class _ExecSocket:
-    """A raw, multiplexed docker exec stream: stdin written while output is read."""
+    """A raw docker exec stream (multiplexed; raw bytes with ``tty``): stdin written while
+    output is read."""
 
     def __init__(self, client, container_id: str, cmd: list[str], env: dict[str, str],
-                 workdir: str, stdin: bool = False):
+                 workdir: str, stdin: bool = False, tty: bool = False):
         api = client.api
         try:
             self.exec_id = api.exec_create(container_id, cmd, stdin=stdin, stdout=True,
-                                           stderr=True, tty=False, environment=env,
+                                           stderr=True, tty=tty, environment=env,
                                            workdir=workdir, user=USER)["Id"]
-            sock = api.exec_start(self.exec_id, socket=True)
+            sock = api.exec_start(self.exec_id, tty=tty, socket=True)  # tty: raw stream
         except Exception as e:  # noqa: BLE001
             raise _map_error(e, "exec") from e
         self.api = api
@@ -583,6 +631,58 @@ class _ExecSocket:
                 pass
 
 
+class _Frames:
+    """Collects the payloads `_ExecSocket._demux` hands it."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def feed(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def take(self) -> bytes:
+        data, self.parts = b"".join(self.parts), []
+        return data
+
+
+class _ExecChannel(Channel):
+    """The stream of a terminal session's docker exec (stdin attached): multiplexed
+    frames (stdout and stderr alike are the session's output), or raw bytes for a tty."""
+
+    def __init__(self, stream: _ExecSocket, multiplexed: bool):
+        self.stream, self.multiplexed = stream, multiplexed
+        self.sock = stream.sock
+        self.sock.settimeout(None)  # the SDK's client timeout would end an idle session
+        self._frames = _Frames()
+        self._closed = False
+
+    def write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read(self) -> bytes:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                if self._closed:
+                    return b""  # closed under the reader
+                raise
+            if not data or not self.multiplexed:
+                return data
+            self.stream._demux(data, self._frames, self._frames)
+            payload = self._frames.take()
+            if payload:
+                return payload
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader blocked in recv
+        except OSError:
+            pass
+        self.stream.close()
+
+
 class _TarSink:
     """Collects a tar stream, counting its bytes (headers included) and its members.
 
@@ -648,10 +748,12 @@ class _TarSink:
 
 # ------------------------------------------------------------------------ tar helpers
 
+# Before a transfer no process of the sandbox may run while paths are checked and used
+# (not while a terminal session lives: see the module doc).
+_STOP_ALL = "kill -9 -1 2>/dev/null\n"
 # put: $@ are the dest components. stdin: "<n>\n", n bytes of NUL-separated paths (relative
 # to dest) that must not be symlinks, then the tar stream.
 _PUT_SCRIPT = r'''
-kill -9 -1 2>/dev/null  # no process of the sandbox runs while paths are checked and written
 cd /workspace || exit 5
 for c in "$@"; do
   if [ -L "$c" ]; then
@@ -673,7 +775,6 @@ exec tar -x --no-same-owner --no-overwrite-dir -f -
 
 # get: $@ are the path's components ("." alone for the workspace).
 _GET_SCRIPT = r'''
-kill -9 -1 2>/dev/null  # no process of the sandbox runs while paths are checked and read
 cd /workspace || exit 5
 p=.
 n=$#
@@ -771,6 +872,7 @@ class DockerSandbox(Sandbox):
         self.container = self.box.container
         self.container_id = self.box.id
         self._image_env: dict[str, str] | None = None
+        self.session: StreamSession | None = None
         try:
             if self.spec.files:
                 self.put_files(self.spec.files)
@@ -811,7 +913,9 @@ class DockerSandbox(Sandbox):
             self._check_open()
             rel = safe_relpath(cwd) if cwd else "."
             workdir = posixpath.normpath(posixpath.join(WORKDIR, rel))
-            cmd = ["/bin/bash", "-p", "-c", _WRAPPER, f"{timeout:.3f}", "/usr/bin/env", "-i",
+            spare_session = self._session_live()
+            wrapper = _GROUP_WRAPPER if spare_session else _WRAPPER
+            cmd = ["/bin/bash", "-p", "-c", wrapper, f"{timeout:.3f}", "/usr/bin/env", "-i",
                    *(f"{k}={v}" for k, v in self._env(env).items()), "/bin/bash", "-c", command]
             out = OutputCap(self.spec.max_output_bytes)
             err = OutputCap(self.spec.max_output_bytes)
@@ -830,9 +934,10 @@ class DockerSandbox(Sandbox):
             finally:
                 stream.close()
             dt = time.monotonic() - t0
-            if code >= 128 or code < 0:
+            if (code >= 128 or code < 0) and not spare_session:
                 # Killed by a signal: perhaps the wrapper itself (the command can kill its
-                # grandparent), whose final kill then never ran.
+                # grandparent), whose final kill then never ran. (Not while a session
+                # lives: that would end it; what is left dies with the session.)
                 self._reap()
             if code in (126, 127) and out.total < 4096 and "OCI runtime exec failed" in (
                     out.text() + err.text()):
@@ -862,6 +967,65 @@ class DockerSandbox(Sandbox):
                 raise self._lost(f"processes of a command outlived it and could not be "
                                  f"killed ({(out.text() + msg).strip()[-300:]})")
             time.sleep(0.05)
+
+    def _file_script(self, script: str) -> str:
+        """A transfer script, first killing the sandbox's processes unless a session lives."""
+        return script if self._session_live() else _STOP_ALL + script
+
+    # ------------------------------------------------------------------ session
+    def _session_live(self) -> bool:
+        return self.session is not None and self.session.alive
+
+    def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> StreamSession:
+        """Start the sandbox's terminal session (`terminal_rsi.sandbox.terminal`): tmux in
+        the container when its image has it, else ``bash -i`` on a pty (`PtySession`); as
+        the sandbox user, with the command's environment, in the workspace. ``lifetime_s``
+        bounds each of its processes' CPU time. While it lives, exec spares its processes
+        (see the module doc); closing it ends everything of the sandbox but pid 1."""
+        if isinstance(lifetime_s, bool) or not (isinstance(lifetime_s, int | float)
+                                                and 0 < lifetime_s <= MAX_EXEC_TIMEOUT_S):
+            raise BadRequest(f"lifetime_s must be a number of seconds in (0, "
+                             f"{MAX_EXEC_TIMEOUT_S}], got {lifetime_s!r}")
+        with self._lock:
+            self._check_open()
+            if self._session_live():
+                raise BadRequest(f"sandbox {self.id} already has a terminal session; close "
+                                 "it before opening another")
+            if self.session is not None:
+                self.session.close()  # ended by itself: its leftovers die now
+                self.session = None
+            token = new_token()
+            tmux = self._find_tmux()
+            env = self._env(None)
+            cpu = str(max(1, int(-(-lifetime_s // 1))))
+            if tmux:
+                argv = tmux_argv(SESSION_SOCKET, tmux, env=shell_env(token))
+            else:
+                env = {**env, **shell_env(token)}
+                argv = ["/bin/bash", "--noprofile", "--norc", "-i"]
+            cmd = ["/bin/bash", "-p", "-c", _SESSION_WRAPPER, cpu, "/usr/bin/env", "-i",
+                   *(f"{k}={v}" for k, v in env.items()), *argv]
+            stream = _ExecSocket(self.client, self.container_id, cmd, self._tool_env(),
+                                 WORKDIR, stdin=True, tty=not tmux)
+            channel = _ExecChannel(stream, multiplexed=bool(tmux))
+            kind = TmuxSession if tmux else PtySession
+            self.session = kind(channel, token, self.spec.max_output_bytes,
+                                on_close=self._end_session)
+            return self.session
+
+    def _find_tmux(self) -> str:
+        """The path of tmux in the container ("" when the image has none)."""
+        out = OutputCap(4096)
+        code, _ = self._tool("find tmux", "command -v tmux", [], out, time.monotonic() + 30)
+        path = out.text().strip()
+        return path if code == 0 and path.startswith("/") else ""
+
+    def _end_session(self) -> None:
+        """After the session's stream is closed: kill every process of the sandbox user
+        (pid 1 aside), so nothing the session started survives. No exec lock (an exec in
+        flight would hold it for its whole timeout): that exec's processes die too."""
+        if not self._closed:  # else the container is being removed
+            self._reap()
 
     def _tool(self, what: str, script: str, args: list[str], out, deadline: float,
               stdin: list[bytes | memoryview] | None = None) -> tuple[int, str]:
@@ -895,8 +1059,9 @@ class DockerSandbox(Sandbox):
         stdin = [f"{len(listing)}\n".encode(), listing, *_upload_stream(data, members)]
         with self._lock:
             self._check_open()
-            code, msg = self._tool("put_tar", _PUT_SCRIPT, dest_parts, OutputCap(64 << 10),
-                                   time.monotonic() + limits.timeout_s, stdin)
+            code, msg = self._tool("put_tar", self._file_script(_PUT_SCRIPT), dest_parts,
+                                   OutputCap(64 << 10), time.monotonic() + limits.timeout_s,
+                                   stdin)
         if code == 5:
             raise InfrastructureError(f"put_tar: the container's workspace is unusable: {msg}")
         if code != 0:
@@ -911,7 +1076,7 @@ class DockerSandbox(Sandbox):
         sink = _TarSink(max_bytes, self.tar_limits.max_members, f"download of {path!r}")
         with self._lock:
             self._check_open()
-            code, msg = self._tool("get_tar", _GET_SCRIPT, parts, sink,
+            code, msg = self._tool("get_tar", self._file_script(_GET_SCRIPT), parts, sink,
                                    time.monotonic() + self.tar_limits.timeout_s)
         if code == 5:
             raise InfrastructureError(f"get_tar: the container's workspace is unusable: {msg}")
@@ -925,7 +1090,13 @@ class DockerSandbox(Sandbox):
             if self._closed:
                 return
             self._closed = True
-        self.box.destroy()
+        try:
+            if self.session is not None:
+                self.session.close()
+        except SandboxError as e:
+            log.warning("closing the terminal session of sandbox %s: %s", self.id, e)
+        finally:
+            self.box.destroy()
 
 
 # ------------------------------------------------------------------------ pool, backend

@@ -4,10 +4,11 @@
     python -m terminal_rsi.sandbox.image build-task CONTEXT_DIR --tag TAG
 
 The default image (``terminal-rsi-sandbox:bookworm``) holds bash, coreutils,
-python3 with pytest and pytest-json-ctrf, and a non-root user ``sandbox``
-(uid 1000) whose home is the workspace ``/workspace``. It is built in three steps:
+procps, tmux (terminal sessions), python3 with pytest and pytest-json-ctrf, and a
+non-root user ``sandbox`` (uid 1000) whose home is the workspace ``/workspace``. It is
+built in three steps:
 
-1. ``debootstrap --variant=minbase --include=python3,python3-pytest bookworm``
+1. ``debootstrap --variant=minbase --include=python3,procps,tmux bookworm``
    builds a Debian root filesystem from the Debian package archive (the only
    registry these machines reach); the result is cached as a tarball under
    ``~/.cache/terminal_rsi/sandbox`` so later builds skip it.
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "terminal-rsi-sandbox:bookworm"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-INCLUDE = ("python3", "procps")
+INCLUDE = ("python3", "procps", "tmux")
 # Pure-Python wheels, fetched on the host with pip (PyPI) and unpacked into the image.
 # Debian bookworm's own python3-pytest (7.2) is too old for pytest-json-ctrf 0.6.1.
 PY_REQS = ("pytest==8.4.2", "pytest-json-ctrf==0.6.1")

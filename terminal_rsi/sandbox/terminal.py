@@ -95,7 +95,7 @@ def shell_env(token: str) -> dict[str, str]:
         "PS1": "\\w\\$ \\[\\033]" + _OSC_ID.decode() + f";{token};$?\\007\\]",
         "HISTFILE": "/dev/null",
         "IGNOREEOF": "10",
-        "TERM": "screen",
+        "TERM": "screen",  # a pty shell's (under tmux its default-terminal, tmux-256color)
     }
 
 
@@ -153,12 +153,18 @@ def terminal_text(raw: str) -> str:
     return "\n".join(lines)
 
 
-_OCTAL = re.compile(rb"\\([0-7]{3})")
+# tmux control mode writes bytes below 32 and the backslash as ``\\ooo`` (a literal backslash
+# is always escaped, so these are all escapes; the backslash's goes last)
+_ESCAPES = tuple((b"\\%03o" % c, bytes((c,))) for c in (*range(32), 92))
 
 
 def _unescape(data: bytes) -> bytes:
-    """tmux control mode writes non-printable bytes and backslash as ``\\ooo``."""
-    return _OCTAL.sub(lambda m: bytes((int(m[1], 8) & 0xFF,)), data)
+    """The pane's bytes of a ``%output`` line."""
+    if b"\\" not in data:
+        return data
+    for esc, byte in _ESCAPES:
+        data = data.replace(esc, byte)
+    return data
 
 
 # ---------------------------------------------------------------------------- session
@@ -287,7 +293,9 @@ class StreamSession(TerminalSession):
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name="trsi-session-reader")
         self._reader.start()
-        if not self.wait(start_timeout, prompts=1):
+        with self._cond:  # the first prompt ever (the reader may have counted it already)
+            started = self._wait(time.monotonic() + check_wait(start_timeout), 1, SETTLE_S)
+        if not started:
             why = "; ".join(self._errors[-3:]) or "no prompt appeared"
             self.close()
             raise SandboxLost(f"the terminal session did not start within {start_timeout:g} s:"
