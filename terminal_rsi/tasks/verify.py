@@ -636,7 +636,7 @@ def verify(
     finally:
         if owned is not None:
             owned.close()
-        elif mode == "shared":
+        elif mode == "shared" and ver.kind != "builtin":  # a builtin check places nothing
             try:
                 sb.exec(f"rm -rf ./{vdir}", timeout=30)
             except SandboxError:
