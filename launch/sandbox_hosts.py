@@ -4,7 +4,7 @@
         [--backend=docker] [--token-file=~/.config/terminal_rsi/sandbox_tokens] [--dry-run]
 
 For every host (over ssh; `localhost` runs the commands here):
-1. Debian packages (docker.io, debootstrap, bubblewrap, python3-venv) and the Docker engine
+1. Debian packages (docker.io, debootstrap, bubblewrap, tmux, python3-venv) and the Docker engine
    as a service (`systemctl enable --now docker`);
 2. the project (a tarball of this working tree) in --install-dir with its own venv and the
    `sandbox` extra;
@@ -43,7 +43,8 @@ from launch.common import (  # noqa: E402
 )
 
 UNIT_NAME = "terminal-rsi-sandbox.service"
-APT_PACKAGES = ("docker.io", "debootstrap", "bubblewrap", "python3-venv", "python3-pip", "curl")
+APT_PACKAGES = ("docker.io", "debootstrap", "bubblewrap", "tmux", "python3-venv", "python3-pip",
+                "curl")
 REMOTE_TARBALL = "/tmp/terminal_rsi_project.tar.gz"
 REMOTE_UNIT_TMP = "/tmp/" + UNIT_NAME
 REMOTE_TOKEN_TMP = "/tmp/terminal_rsi_sandbox_tokens"

@@ -37,7 +37,7 @@ def test_plan_two_hosts_exact(tmp_path):
     assert all(s.argv[1] == "root@sbx0" for s in sbx0 if s.argv[0] == "ssh")
     cmds = [_cmd(s) if s.argv[0] == "ssh" else list(s.argv) for s in sbx0]
     assert cmds[0] == ("export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get "
-                       "install -y -qq docker.io debootstrap bubblewrap python3-venv "
+                       "install -y -qq docker.io debootstrap bubblewrap tmux python3-venv "
                        "python3-pip curl")
     assert cmds[1] == "systemctl enable --now docker && docker info >/dev/null"
     assert cmds[2] == ["scp", "-q", "/tmp/terminal_rsi_project.tar.gz",
