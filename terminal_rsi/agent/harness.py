@@ -430,7 +430,7 @@ def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | No
                   else getattr(policy, "version", 0))
     traj = Trajectory(task_id=task.id, family=task.family, harness=harness.name,
                       policy_version=version, episode_id=uuid.uuid4().hex[:12],
-                      timings=timings)
+                      timings=timings, meta={"terminal": harness.terminal})
     # the harness's clock, when set, replaces the task's (e.g. a slow CPU model evaluated on
     # tasks timed for an accelerator, configs/eval_smollm2.py); None: the task's
     budget = task.agent_timeout_s if harness.agent_timeout_s is None else harness.agent_timeout_s

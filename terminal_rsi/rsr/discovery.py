@@ -28,6 +28,7 @@ from terminal_rsi.agent.actions import ActionParseError, parse_action
 from terminal_rsi.agent.harness import safe_decode
 from terminal_rsi.rsr.common import collect
 from terminal_rsi.rsr.runbook import ExecutedCommand
+from terminal_rsi.sandbox.terminal import is_key_name
 
 PARSE_NOTE = "ERROR: could not parse your reply as an action"
 _EXIT_RE = re.compile(r"\[exit code (-?\d+)\]\s*$")
@@ -110,7 +111,10 @@ def clean_text(messages: Sequence[dict[str, str]]) -> str:
 def executed_commands(traj, tokenizer) -> list[ExecutedCommand]:
     """The commands the agent ran, in order, with exit codes and outputs read back from the
     observation that followed (None where unknown: the final turn has no observation, and a
-    capped observation may have lost a command's block)."""
+    capped observation may have lost a command's block). A terminal-session episode's come
+    from what was typed and read (`session_commands`)."""
+    if traj.meta.get("terminal") == "session":
+        return session_commands(traj)
     out: list[ExecutedCommand] = []
     for ti, turn in enumerate(traj.turns):
         if turn.parse_error:
@@ -141,4 +145,23 @@ def executed_commands(traj, tokenizer) -> list[ExecutedCommand]:
                     timed_out = True
                     output = _TIMEOUT_RE.sub("", block).rstrip("\n")
             out.append(ExecutedCommand(c.keystrokes, code, output, ti, timed_out))
+    return out
+
+
+def session_commands(traj) -> list[ExecutedCommand]:
+    """The commands typed into an episode's terminal (`Turn.io`): each as a command (its
+    Enter dropped; a key press such as C-c is not a command), the status its prompt reported
+    when it finished (None: still running, `timed_out`), and its output (the terminal's
+    text without the echo of what was typed and the prompt after it)."""
+    out: list[ExecutedCommand] = []
+    for ti, turn in enumerate(traj.turns):
+        for rec in turn.io:
+            typed = rec.get("typed", "")
+            if "rejected" in rec or is_key_name(typed) or not typed.strip():
+                continue
+            done = bool(rec.get("done"))
+            lines = rec.get("read", "").split("\n")
+            body = lines[typed.count("\n"):-1] if done else lines[typed.count("\n"):]
+            out.append(ExecutedCommand(typed.rstrip("\n"), rec.get("exit_code") if done
+                                       else None, "\n".join(body), ti, not done))
     return out

@@ -15,6 +15,7 @@ from terminal_rsi.agent.harness import (
     session_keystrokes,
 )
 from terminal_rsi.models.tokenizer import ByteTokenizer
+from terminal_rsi.rsr.discovery import executed_commands
 from terminal_rsi.tasks import get_suite
 
 TOK = ByteTokenizer()
@@ -102,3 +103,25 @@ def test_exec_mode_records_io_too():
     assert traj.S == 1
     rec = traj.turns[0].io[0]
     assert rec["typed"] == task.solution[0][0] and rec["exit_code"] == 0 and rec["done"]
+
+
+def test_rsr_reads_a_session_episodes_commands_from_what_was_typed_and_read():
+    task = _task("fix_script")
+    exec_traj = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(max_turns=6))
+    sess_traj = run_episode(task, ReferencePolicy(TOK, terminal="session"), harness=SESSION)
+    assert sess_traj.meta["terminal"] == "session" and exec_traj.meta["terminal"] == "exec"
+    from_exec = executed_commands(exec_traj, TOK)
+    from_session = executed_commands(sess_traj, TOK)
+    assert [c.command for c in from_session] == [c.command for c in from_exec]
+    for e, s in zip(from_exec, from_session, strict=True):
+        if e.exit_code is not None:  # exec mode reads codes from the next observation only
+            assert (s.exit_code, s.output) == (e.exit_code, e.output)
+    assert from_session[-1].exit_code == 0 and from_session[-1].output == "all ok"
+    # a key press is not a command; one still running has no status
+    sess_traj.turns[0].io.append({"typed": "C-c", "read": "^C", "done": True, "exit_code": 130})
+    sess_traj.turns[0].io.append({"typed": "sleep 9\n", "read": "sleep 9", "done": False,
+                                  "exit_code": 0})
+    cmds = executed_commands(sess_traj, TOK)
+    assert "C-c" not in [c.command for c in cmds]
+    slow = next(c for c in cmds if c.command == "sleep 9")
+    assert slow.timed_out and slow.exit_code is None and slow.output == ""
