@@ -481,6 +481,9 @@ class LocalSandbox(Sandbox):
             if self.session is not None and self.session.alive:
                 raise BadRequest(f"sandbox {self.id} already has a terminal session; close "
                                  "it before opening another")
+            if self.session is not None:
+                self.session.close()  # ended by itself: its leftovers die now
+                self.session = None
             token = new_token()
             sock = ("/tmp" if self.mode == "bwrap" else self.tmp) + "/.trsi-tmux"
             cmd = shlex.join(["exec", *tmux_argv(sock, tmux, env=shell_env(token))])
