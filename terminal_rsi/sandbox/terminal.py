@@ -119,11 +119,15 @@ _CTRL = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def _overlay(line: str) -> str:
-    """A line with carriage returns applied: each segment overwrites the start of the line."""
-    out = ""
+    """A line with carriage returns applied: each segment overwrites the start of the line
+    (in place: linear in the line, whatever the agent prints)."""
+    out: list[str] = []
     for seg in line.split("\r"):
-        out = seg + out[len(seg):]
-    return out
+        if len(seg) >= len(out):
+            out = list(seg)
+        else:
+            out[:len(seg)] = seg
+    return "".join(out)
 
 
 def _backspace(line: str) -> str:

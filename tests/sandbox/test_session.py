@@ -240,3 +240,11 @@ def test_session_outlives_the_thread_that_opened_it(make_sandbox):
     time.sleep(0.5)  # a parent-death signal would have fired by now
     term = box[0]
     assert term.alive and term.run("echo still here\n", 10).text.count("still here") == 2
+
+
+def test_terminal_text_overwrites_in_place():
+    assert terminal_text("abcdef\rXY\r1") == "1Ycdef"
+    # an agent's long line followed by many carriage returns is handled in linear time
+    # (a copy per segment made this quadratic); checked by the result, not by a timing
+    big = terminal_text("a" * 200_000 + "\rb" * 50_000)
+    assert big.startswith("b") and len(big) == 200_000
