@@ -12,6 +12,11 @@ import dataclasses
 from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
 from terminal_rsi.settings import Section, setting
 
+# how an episode's commands reach the sandbox (`agent.HarnessConfig.terminal`) and where its
+# verifier may be made to run (`agent.HarnessConfig.verify_mode`)
+TERMINALS = ("exec", "session")
+VERIFY_MODES = ("shared", "separate")
+
 
 def sandbox_backend_problem(value: str) -> str | None:
     """What is wrong with `value` as a sandbox backend (None: it is one): a name from
@@ -147,12 +152,12 @@ class Harness(Section):
     terminal: str = setting("exec", "how commands run: 'exec' (one fresh `bash -c` per "
                             "command) or 'session' (typed into one persistent tmux terminal "
                             "per episode, Terminus semantics; docs/sandbox.md)",
-                            choices=("exec", "session"))
+                            choices=TERMINALS)
     verify_mode: str | None = setting(None, "where the verifier runs: None (session: the "
                                       "environment the agent left, with what it left "
                                       "running; exec: the task's mode), 'shared' or "
                                       "'separate' (the protected fresh sandbox)",
-                                      choices=("shared", "separate"))
+                                      choices=VERIFY_MODES)
 
 
 @dataclasses.dataclass(frozen=True)

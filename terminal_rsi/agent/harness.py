@@ -53,6 +53,7 @@ from terminal_rsi.agent.actions import (
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
 from terminal_rsi.sandbox.terminal import SessionOutput, session_keystrokes
+from terminal_rsi.sections import TERMINALS, VERIFY_MODES
 from terminal_rsi.tasks.spec import SESSION_SOLUTION_WAIT_S, EnvironmentUnavailable
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
 from terminal_rsi.tasks.verify import verify as verify_task
@@ -65,8 +66,6 @@ SESSION_SYSTEM_PROMPT = (
     "You are an autonomous agent working in a Linux terminal. Solve the task by typing "
     "commands. " + SESSION_SCHEMA_TEXT
 )
-TERMINALS = ("exec", "session")
-VERIFY_MODES = ("shared", "separate")
 
 SUMMARY_REQUEST = (
     "Summarize the work so far for a fresh context: what the task needs, what you ran, what "

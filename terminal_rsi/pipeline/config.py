@@ -20,7 +20,7 @@ import ml_collections
 from terminal_rsi.configuration import schema_of
 from terminal_rsi.pipeline.graph import BASES, STAGES
 from terminal_rsi.pipeline.scales import SCALES
-from terminal_rsi.sections import Seeded, TaskPool
+from terminal_rsi.sections import TERMINALS, Seeded, TaskPool
 from terminal_rsi.settings import Section, Setting, setting
 
 MODELS = ("tiny", "smollm2_135m")
@@ -63,7 +63,7 @@ class PipelineHarness(Section):
     terminal: str | None = setting(None, "how every stage's commands run: 'exec' or "
                                    "'session' (a persistent tmux terminal per episode; None: "
                                    "the stage configs' default, exec)",
-                                   choices=("exec", "session"))
+                                   choices=TERMINALS)
 
 
 @dataclasses.dataclass(frozen=True)
