@@ -278,6 +278,16 @@ def check_exec_args(command: Any, timeout: Any, env: Any = None, cwd: Any = None
         safe_relpath(check_text(cwd, "cwd", MAX_PATH_BYTES))
 
 
+def check_lifetime(lifetime_s: Any) -> float:
+    """A terminal session's ``lifetime_s`` (seconds in (0, MAX_EXEC_TIMEOUT_S]), else
+    BadRequest (shared by every backend)."""
+    if isinstance(lifetime_s, bool) or not (
+            isinstance(lifetime_s, int | float) and 0 < lifetime_s <= MAX_EXEC_TIMEOUT_S):
+        raise BadRequest(f"lifetime_s must be a number of seconds in (0, "
+                         f"{MAX_EXEC_TIMEOUT_S}], got {lifetime_s!r}")
+    return float(lifetime_s)
+
+
 def safe_relpath(path: str) -> str:
     """Normalize a workspace-relative path; reject absolute paths and `..` escapes."""
     if not isinstance(path, str) or not path or "\0" in path:
@@ -397,6 +407,7 @@ class Sandbox(abc.ABC):
     spec: SandboxSpec
     id: str
     workdir: str  # absolute workspace path as seen by commands
+    session = None  # the terminal session `open_session` started (None: never one)
 
     @abc.abstractmethod
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
@@ -422,6 +433,21 @@ class Sandbox(abc.ABC):
         is reachable) and spares its processes. ``lifetime_s`` bounds each of its
         processes' CPU time."""
         raise BadRequest(f"the {type(self).__name__} backend has no terminal sessions")
+
+    @property
+    def session_live(self) -> bool:
+        """A terminal session is open and its shell runs (exec then spares it)."""
+        return self.session is not None and self.session.alive
+
+    def _clear_session_slot(self) -> None:
+        """Before a backend opens a session (under its lock): BadRequest while one is alive;
+        one that ended by itself (its shell exited) is closed first, so what it left dies."""
+        if self.session_live:
+            raise BadRequest(f"sandbox {self.id} already has a terminal session; close it "
+                             "before opening another")
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
     def put_files(self, files: Mapping[str, bytes], mode: int = 0o644) -> None:
         self.put_tar(files_to_tar(files, mode=mode))

@@ -112,13 +112,13 @@ from terminal_rsi.sandbox import procs
 from terminal_rsi.sandbox.base import (
     DEFAULT_SESSION_LIFETIME_S,
     MARKER_ENV,
-    MAX_EXEC_TIMEOUT_S,
     ExecResult,
     OutputCap,
     Sandbox,
     SandboxSpec,
     TarLimits,
     check_exec_args,
+    check_lifetime,
     check_tar,
     is_env_name,
     safe_relpath,
@@ -913,7 +913,7 @@ class DockerSandbox(Sandbox):
             self._check_open()
             rel = safe_relpath(cwd) if cwd else "."
             workdir = posixpath.normpath(posixpath.join(WORKDIR, rel))
-            spare_session = self._session_live()
+            spare_session = self.session_live
             wrapper = _GROUP_WRAPPER if spare_session else _WRAPPER
             cmd = ["/bin/bash", "-p", "-c", wrapper, f"{timeout:.3f}", "/usr/bin/env", "-i",
                    *(f"{k}={v}" for k, v in self._env(env).items()), "/bin/bash", "-c", command]
@@ -970,30 +970,19 @@ class DockerSandbox(Sandbox):
 
     def _file_script(self, script: str) -> str:
         """A transfer script, first killing the sandbox's processes unless a session lives."""
-        return script if self._session_live() else _STOP_ALL + script
+        return script if self.session_live else _STOP_ALL + script
 
     # ------------------------------------------------------------------ session
-    def _session_live(self) -> bool:
-        return self.session is not None and self.session.alive
-
     def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> StreamSession:
         """Start the sandbox's terminal session (`terminal_rsi.sandbox.terminal`): tmux in
         the container when its image has it, else ``bash -i`` on a pty (`PtySession`); as
         the sandbox user, with the command's environment, in the workspace. ``lifetime_s``
         bounds each of its processes' CPU time. While it lives, exec spares its processes
         (see the module doc); closing it ends everything of the sandbox but pid 1."""
-        if isinstance(lifetime_s, bool) or not (isinstance(lifetime_s, int | float)
-                                                and 0 < lifetime_s <= MAX_EXEC_TIMEOUT_S):
-            raise BadRequest(f"lifetime_s must be a number of seconds in (0, "
-                             f"{MAX_EXEC_TIMEOUT_S}], got {lifetime_s!r}")
+        check_lifetime(lifetime_s)
         with self._lock:
             self._check_open()
-            if self._session_live():
-                raise BadRequest(f"sandbox {self.id} already has a terminal session; close "
-                                 "it before opening another")
-            if self.session is not None:
-                self.session.close()  # ended by itself: its leftovers die now
-                self.session = None
+            self._clear_session_slot()
             token = new_token()
             tmux = self._find_tmux()
             env = self._env(None)

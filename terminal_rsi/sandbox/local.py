@@ -64,6 +64,7 @@ from terminal_rsi.sandbox.base import (
     TarLimits,
     check_env,
     check_exec_args,
+    check_lifetime,
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError, SandboxLost
@@ -357,23 +358,15 @@ class LocalSandbox(Sandbox):
                 and procs.ns_inode(p, "pid") != self._session_pidns]
 
     def _kill_all(self, proc: subprocess.Popen | None) -> None:
-        if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _killpg(proc)
         procs.freeze_and_kill(self._find)
 
     def _kill_exec(self, proc: subprocess.Popen | None) -> None:
         """End an exec's processes. With a live session in plain mode that is the exec's
         process group only (what it detached lives until close); otherwise every process
         of the sandbox outside the session."""
-        if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not (self.session is not None and self.session.alive and self.mode == "plain"):
+        _killpg(proc)
+        if not (self.session_live and self.mode == "plain"):
             procs.freeze_and_kill(self._find_outside_session)
 
     def exec(self, command: str, timeout: float = 60.0, env: Mapping[str, str] | None = None,
@@ -462,7 +455,7 @@ class LocalSandbox(Sandbox):
     # --------------------------------------------------------------- session
     def _live_ns(self) -> dict[str, int]:
         """The namespaces an exec joins: the live session's (bwrap), as open descriptors."""
-        if self.session is not None and self.session.alive:
+        if self.session_live:
             return self._session_ns
         return {}
 
@@ -476,14 +469,10 @@ class LocalSandbox(Sandbox):
         if tmux is None:
             raise InfrastructureError("tmux is not installed on this host; `apt-get install "
                                       "tmux` (terminal sessions run in tmux)")
+        check_lifetime(lifetime_s)
         with self._lock:
             self._check_open()
-            if self.session is not None and self.session.alive:
-                raise BadRequest(f"sandbox {self.id} already has a terminal session; close "
-                                 "it before opening another")
-            if self.session is not None:
-                self.session.close()  # ended by itself: its leftovers die now
-                self.session = None
+            self._clear_session_slot()
             token = new_token()
             sock = ("/tmp" if self.mode == "bwrap" else self.tmp) + "/.trsi-tmux"
             cmd = shlex.join(["exec", *tmux_argv(sock, tmux, env=shell_env(token))])
@@ -515,10 +504,7 @@ class LocalSandbox(Sandbox):
         """Everything the session started dies: bwrap, its PID namespace; plain, every
         process of the sandbox (no exec leaves one behind)."""
         pidns = self._session_pidns
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _killpg(proc)
         if pidns is not None:
             procs.freeze_and_kill(lambda: procs.pids_in_ns("pid", pidns))
         else:
@@ -571,6 +557,16 @@ class LocalSandbox(Sandbox):
                         _uids_in_use.discard(self.uid)
 
 
+def _killpg(proc: subprocess.Popen | None) -> None:
+    """SIGKILL the process group a command was started in (a no-op for None)."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _open_ns(pid: int, kinds: tuple[str, ...]) -> dict[str, int]:
     """Open descriptors of ``pid``'s namespaces (all or none)."""
     out: dict[str, int] = {}
@@ -598,15 +594,11 @@ class _PipeChannel(Channel):
         return os.read(self.proc.stdout.fileno(), 1 << 16)
 
     def close(self) -> None:
-        for f in (self.proc.stdin,):
-            try:
-                f.close()
-            except OSError:
-                pass
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            self.proc.stdin.close()
+        except OSError:
             pass
+        _killpg(self.proc)
 
 
 def _remove_root(root: str, mounted: bool) -> None:

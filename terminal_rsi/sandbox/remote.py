@@ -32,11 +32,11 @@ from collections.abc import Mapping
 
 from terminal_rsi.sandbox.base import (
     DEFAULT_SESSION_LIFETIME_S,
-    MAX_EXEC_TIMEOUT_S,
     ExecResult,
     Sandbox,
     SandboxSpec,
     check_exec_args,
+    check_lifetime,
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import (
@@ -253,10 +253,7 @@ class RemoteSandbox(Sandbox):
     def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> RemoteSession:
         """Open the sandbox's terminal session on the bridge (see `Sandbox.open_session`);
         the server refuses a ``lifetime_s`` above its ``--max-timeout-s``."""
-        if isinstance(lifetime_s, bool) or not (
-                isinstance(lifetime_s, int | float) and 0 < lifetime_s <= MAX_EXEC_TIMEOUT_S):
-            raise BadRequest(f"lifetime_s must be a number of seconds in (0, "
-                             f"{MAX_EXEC_TIMEOUT_S}], got {lifetime_s!r}")
+        check_lifetime(lifetime_s)
         self._check_open()
         self.client.request("POST", f"/v1/sandboxes/{self.id}/session",
                             json={"lifetime_s": lifetime_s},

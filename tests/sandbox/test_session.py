@@ -110,6 +110,9 @@ def test_interrupt_prompt_and_scrollback(make_sandbox):
 
 def test_bad_input_is_a_bad_request_and_one_session_at_a_time(make_sandbox):
     sb = make_sandbox(SPEC)
+    for bad in (0, -1, float("nan"), True, "60", 1e9):
+        with pytest.raises(BadRequest, match="lifetime_s"):
+            sb.open_session(lifetime_s=bad)
     term = sb.open_session()
     for bad in ("a\0b", 3, None):
         with pytest.raises(BadRequest, match="keystrokes"):
