@@ -33,7 +33,11 @@ SESSION_SOLUTION_WAIT_S = 5.0
 # the metadata tag of a task that needs a persistent terminal session (its solution is
 # keystrokes; `terminal_rsi.tasks.verify.run_solution` types it into one)
 TERMINAL_TAG = "terminal"
-VERIFIER_KINDS = ("pytest", "script", "builtin")
+# "pytest": pytest + pytest-json-ctrf over the tests; "script": a shell command whose verdict
+# is reward.txt / reward.json (Harbor's tests/test.sh); "terminal-bench": a shell command
+# (Terminal-Bench's run-tests.sh) whose verdict is pytest's `-rA` summary in its output, as
+# Terminal-Bench's own pytest parser reads it; "builtin": a Python check function.
+VERIFIER_KINDS = ("pytest", "script", "terminal-bench", "builtin")
 DIFFICULTIES = ("easy", "medium", "hard", "unknown")
 FORMATS = ("terminal-bench", "harbor", "builtin")
 
@@ -58,6 +62,14 @@ MAX_TEXT_FILE_BYTES = 1024 * 1024
 # One environment variable of a task (a Dockerfile ENV, `[verifier] env`): name and value.
 MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_ENV_ENTRIES = 256
+# Where the verifier's tests, its logs and the oracle's solution go in a task's own container
+# (Terminal-Bench and Harbor write these absolute paths in their scripts; nothing is
+# rewritten). Terminal-Bench copies solution.sh to /oracle, Harbor the solution/ dir to
+# /solution.
+TESTS_DIR = "/tests"
+VERIFIER_LOGS_DIR = "/logs/verifier"
+HARBOR_SOLUTION_DIR = "/solution"
+TERMINAL_BENCH_ORACLE_DIR = "/oracle"
 
 
 class TaskFormatError(ValueError):
@@ -181,6 +193,11 @@ class Environment:
         RUN lines when the environment is reproduced in a local sandbox).
       env: environment variables for the agent's commands (a Dockerfile's ENV lines).
       unsupported: Dockerfile steps a local sandbox cannot reproduce (reported plainly).
+      context: the build context directory of `dockerfile` (None: the Dockerfile's directory).
+      build_timeout_s: wall-clock limit of building the image (None: the builder's default).
+      services: the compose file's service names (more than one: a multi-container setup).
+      agent_service: the compose service the agent works in.
+      gpus: GPUs the task asks for (0: none).
     """
 
     image: str | None = None
@@ -197,8 +214,14 @@ class Environment:
     setup: tuple[str, ...] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     unsupported: tuple[str, ...] = ()
+    context: str | None = None
+    build_timeout_s: float | None = None
+    services: tuple[str, ...] = ()
+    agent_service: str | None = None
+    gpus: int = 0
 
     def __post_init__(self):
+        object.__setattr__(self, "services", tuple(self.services))
         object.__setattr__(self, "files", _frozen_map(self.files))
         object.__setattr__(self, "modes", _frozen_map(self.modes))
         object.__setattr__(self, "env", _frozen_map(self.env))
@@ -222,13 +245,27 @@ class Environment:
                 raise TaskFormatError(where, "modes", f"{_show(path)}: bad file mode "
                                       f"{_show(mode)}")
         _check_env(self.env, where, "env")
-        for name in ("setup", "unsupported"):
+        for name in ("setup", "unsupported", "services"):
             if not all(isinstance(c, str) for c in getattr(self, name)):
                 raise TaskFormatError(where, name, "expected strings")
+        if self.build_timeout_s is not None:
+            problem = number_problem(self.build_timeout_s, MAX_TIMEOUT_S)
+            if problem:
+                raise TaskFormatError(where, "build_timeout_s", f"{problem} seconds")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            raise TaskFormatError(where, "gpus", f"expected an integer >= 0, got "
+                                  f"{_show(self.gpus)}")
+        if self.workdir is not None and not _absolute_path(self.workdir):
+            raise TaskFormatError(where, "workdir", f"expected an absolute path, got "
+                                  f"{_show(self.workdir)}")
 
     @property
     def needs_build(self) -> bool:
         return self.dockerfile is not None
+
+    @property
+    def multi_container(self) -> bool:
+        return len(self.services) > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +285,9 @@ class VerifierSpec:
       artifacts: workspace paths copied into the verifier sandbox in separate mode.
       env: extra environment for the verifier command.
       check: for "builtin": `check(snapshot, run) -> list[CheckResult]` (see builtin.core).
+      tests_dir: the absolute path the tests go to (`TESTS_DIR` for Terminal-Bench and
+        Harbor tasks, whose scripts name it); "": a fresh `.trsi_verifier_<hex>/tests`
+        directory in the workspace ($TEST_DIR).
     """
 
     kind: str = "pytest"
@@ -258,12 +298,16 @@ class VerifierSpec:
     artifacts: tuple[str, ...] = (".",)
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     check: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
+    tests_dir: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "files", _frozen_map(self.files))
         object.__setattr__(self, "env", _frozen_map(self.env))
         object.__setattr__(self, "artifacts", tuple(self.artifacts))
         where = "VerifierSpec"
+        if self.tests_dir and not _absolute_path(self.tests_dir):
+            raise TaskFormatError(where, "tests_dir", f"expected an absolute path, got "
+                                  f"{_show(self.tests_dir)}")
         if self.kind not in VERIFIER_KINDS:
             raise TaskFormatError(where, "kind", f"VerifierSpec.kind = {_show(self.kind)}; "
                                   f"choose one of {VERIFIER_KINDS}")
@@ -282,6 +326,33 @@ class VerifierSpec:
         _check_env(self.env, where, "env")
         if self.kind == "builtin" and self.check is None:
             raise TaskFormatError(where, "check", "a builtin verifier needs a check function")
+
+
+@dataclasses.dataclass(frozen=True)
+class Oracle:
+    """How a task's own tools run its reference solution (private, never in the agent's
+    sandbox): `files` go to the absolute directory `dir` (Harbor's whole solution/ at
+    /solution, Terminal-Bench's solution.sh at /oracle), then `command` runs in the agent's
+    terminal, in the task's working directory, with `env` added."""
+
+    files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    dir: str = HARBOR_SOLUTION_DIR
+    command: str = ""
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "files", _frozen_map(self.files))
+        object.__setattr__(self, "env", _frozen_map(self.env))
+        where = "Oracle"
+        problem = tree_problem(self.files)
+        if problem:
+            raise TaskFormatError(where, "files", problem)
+        if not _absolute_path(self.dir):
+            raise TaskFormatError(where, "dir", f"expected an absolute path, got "
+                                  f"{_show(self.dir)}")
+        if not isinstance(self.command, str) or not self.command.strip():
+            raise TaskFormatError(where, "command", "expected a non-empty shell command")
+        _check_env(self.env, where, "env")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +386,9 @@ class Task:
       format: "terminal-bench", "harbor" or "builtin".
       source: the task directory, if loaded from disk.
       seed: instance seed for procedurally generated tasks.
+      oracle: how the task's own tools run its reference solution (files placed at an
+        absolute path, a command); None: `solution`'s commands are the oracle.
+      warnings: what the loader saw but does not use (fields it ignores), in words.
     """
 
     id: str
@@ -330,9 +404,12 @@ class Task:
     format: str = "builtin"
     source: str | None = None
     seed: int | None = None
+    oracle: Oracle | None = None
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "solution", tuple(tuple(t) for t in self.solution))
+        object.__setattr__(self, "warnings", tuple(self.warnings))
         if not self.id or not isinstance(self.id, str):
             raise TaskFormatError(self.source or "Task", "id", "Task.id must be a non-empty "
                                   "string")
@@ -363,6 +440,17 @@ class Task:
                                   f"{_show(self.expected_checks)}")
         if not all(isinstance(c, str) for turn in self.solution for c in turn):
             raise TaskFormatError(where, "solution", "expected turns of command strings")
+        if self.oracle is not None and not isinstance(self.oracle, Oracle):
+            raise TaskFormatError(where, "oracle", "expected an Oracle")
+        if not all(isinstance(w, str) for w in self.warnings):
+            raise TaskFormatError(where, "warnings", "expected strings")
+
+
+def _absolute_path(path: Any) -> bool:
+    """Whether `path` is a normalized absolute POSIX path (a trailing slash allowed)."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path or len(path) > 4096:
+        return False
+    return path == "/" or posixpath.normpath(path) == path.rstrip("/")
 
 
 def _check_env(env: Mapping, where: str, field: str) -> None:
