@@ -7,15 +7,40 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 DOCKER_DIR=${TRSI_DOCKER_DIR:-/tmp/trsi-docker}
 
-echo "== sandbox: Debian packages (docker.io bubblewrap debootstrap tmux)"
+echo "== sandbox: Debian packages (bubblewrap debootstrap tmux)"
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
-command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if ((${#need[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# Real task Dockerfiles need the engine's BuildKit with the Dockerfile 1.4+ syntax (heredoc
+# RUN, COPY --link, ...) and `docker compose` v2: Docker >= 23. Debian 12's docker.io is
+# 20.10, so the engine, its CLI, buildx and compose come from Debian 13 (trixie), pinned so
+# that nothing else is taken from it (they need nothing newer than Debian 12's libraries).
+echo "== sandbox: Docker engine >= 23 with buildx and compose (Debian 13 packages)"
+engine_major() { dockerd --version 2>/dev/null | sed -E 's/^Docker version ([0-9]+).*/\1/'; }
+if [[ "$(engine_major)" -lt 23 ]] 2>/dev/null || ! command -v dockerd >/dev/null 2>&1 \
+    || ! docker buildx version >/dev/null 2>&1 || ! docker compose version >/dev/null 2>&1; then
+  . /etc/os-release
+  if [[ "${VERSION_CODENAME:-}" == bookworm ]]; then
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+      > /etc/apt/sources.list.d/trsi-trixie-docker.list
+    printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n' \
+      > /etc/apt/preferences.d/trsi-trixie-docker
+    target=(-t trixie)
+  else
+    target=()
+  fi
+  if pid=$(cat "$DOCKER_DIR/dockerd.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid"; for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  fi
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${target[@]}" \
+    docker.io docker-cli docker-buildx docker-compose >/dev/null
 fi
 
 echo "== sandbox: Python extras"
@@ -36,3 +61,8 @@ fi
 
 echo "== sandbox: image (cached; first build runs debootstrap, ~2-3 min)"
 time python -m terminal_rsi.sandbox.image build
+
+# The base of the real-format task fixtures (tests/tasks/fixtures/real): the same Debian rootfs
+# as root with no WORKDIR, standing in for python:3.x-slim-bookworm (nothing can be pulled).
+echo "== sandbox: task base image (trsi-task-base:bookworm, from the same rootfs)"
+python -m terminal_rsi.sandbox.image build-task-base
