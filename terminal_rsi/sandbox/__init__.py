@@ -17,12 +17,16 @@ Isolation levels and failure types: docs/sandbox.md. Heavy engines (Docker
 SDK, HTTP client/server) are imported only when their backend is used. Modules:
 ``backends`` (names, ``open_backend``), ``pool`` (``SandboxPool``, ``host_pool``), ``base``,
 ``errors``, ``local``, ``docker_backend``, ``remote``, ``serve`` (the bridge server).
+
+Profiles (``SandboxSpec.profile``, one of ``PROFILES``): ``"sandbox"``, our hardened layout
+on any backend; ``"image"``, a task's own image run as ``docker run`` would (its USER,
+WORKDIR, ENV, a writable root), Docker or a Docker bridge only.
 """
 
 from __future__ import annotations
 
 from terminal_rsi.sandbox.backends import BACKENDS, PLAIN_POLICIES, open_backend
-from terminal_rsi.sandbox.base import ExecResult, OutputCap, Sandbox, SandboxSpec
+from terminal_rsi.sandbox.base import PROFILES, ExecResult, OutputCap, Sandbox, SandboxSpec
 from terminal_rsi.sandbox.errors import (
     BadRequest,
     CommandTimeout,
@@ -51,7 +55,7 @@ def open_sandbox(spec: SandboxSpec | None = None, backend: str = "local", *,
 
 __all__ = [
     "BACKENDS", "PLAIN_POLICIES", "BadRequest", "CommandTimeout", "ExecResult",
-    "InfrastructureError", "OutputCap",
+    "InfrastructureError", "OutputCap", "PROFILES",
     "Sandbox", "SandboxBusy", "SandboxError", "SandboxLost", "SandboxPool", "SandboxSpec",
     "host_pool", "open_backend", "open_sandbox",
 ]

@@ -14,7 +14,8 @@ Every backend (local bubblewrap / plain, Docker, remote over HTTP) implements
   the tail are kept with a marker in between and ``truncated=True``.
 - Files move as tar streams relative to the workspace. Absolute paths, ``..``
   components, links that leave the workspace and device files are rejected
-  with :class:`BadRequest`.
+  with :class:`BadRequest`; only a Docker sandbox of profile ``"image"`` (the task's own
+  image, whose whole filesystem is the task's) also takes absolute paths.
 - ``close`` is idempotent and always cleans up (processes, containers, mounts).
 """
 
@@ -40,6 +41,13 @@ SPEC_BOUNDS = {"memory_mb": 1 << 20, "pids": 1 << 16, "disk_mb": 1 << 20,
 MAX_CPUS = 1024
 MIN_CPUS = 0.01  # the smallest CPU quota the engines apply (Docker turns less into none)
 MARKER_ENV = "TRSI_SANDBOX"  # every exec'd process carries TRSI_SANDBOX=<sandbox id>
+# How a sandbox runs its image (SandboxSpec.profile): "sandbox", our hardened container
+# layout (any backend); "image", the task image as its own tools run it (Docker only).
+PROFILES = ("sandbox", "image")
+IMAGE_PROFILE_NEEDS_DOCKER = (
+    "profile 'image' needs the Docker backend: it runs the task's own image (its USER, "
+    "WORKDIR, ENV and root filesystem), which a local sandbox cannot; use backend='docker' "
+    "or a bridge served with --backend=docker, or profile='sandbox'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +65,18 @@ class SandboxSpec:
       network: allow network access (default off).
       max_output_bytes: cap per stream per exec (head + tail kept).
       open_files: RLIMIT_NOFILE.
+      profile: how the image runs, one of ``PROFILES``. ``"sandbox"`` (default, every
+        backend): our hardened layout, uid 1000, read-only root, the workspace at
+        ``/workspace`` and ``disk_mb`` of tmpfs. ``"image"`` (Docker only; local backends
+        refuse it): the image as ``docker run`` would run it, for Terminal-Bench / Harbor
+        task images: its USER, its WORKDIR as the workspace, its ENV, a writable root
+        filesystem, a few capabilities package managers need, the same memory, pids, CPU,
+        network and cleanup limits; ``put_tar`` / ``get_tar`` also take absolute paths.
+        docs/sandbox.md, "Profile image", says what holds.
+      workdir: profile ``"image"`` only: the workspace's absolute path in the container
+        (``""``, the default: the image's WORKDIR, ``"/"`` when it sets none). A
+        normalized absolute path (``/app``, not ``/app/`` or ``/a/../app``), no NUL, at
+        most 4096 characters; must stay ``""`` for profile ``"sandbox"``.
     """
 
     image: str = "terminal-rsi-sandbox:bookworm"
@@ -69,6 +89,8 @@ class SandboxSpec:
     network: bool = False
     max_output_bytes: int = 1 * MiB
     open_files: int = 1024
+    profile: str = "sandbox"
+    workdir: str = ""
 
     def __post_init__(self):
         for name, hi in SPEC_BOUNDS.items():
@@ -91,6 +113,22 @@ class SandboxSpec:
                                  "give a file path inside it")
             if not isinstance(data, bytes):
                 raise BadRequest(f"SandboxSpec.files[{path!r}] must be bytes")
+        self._check_profile()
+
+    def _check_profile(self) -> None:
+        if not isinstance(self.profile, str) or self.profile not in PROFILES:
+            raise BadRequest(f"SandboxSpec.profile must be one of {PROFILES}, got "
+                             f"{self.profile!r}: 'sandbox' for our hardened layout, 'image' "
+                             "to run a task image as its own tools do (Docker only)")
+        check_text(self.workdir, "SandboxSpec.workdir", MAX_PATH_BYTES)
+        if self.workdir and self.profile != "image":
+            raise BadRequest(f"SandboxSpec.workdir={self.workdir!r} is for profile 'image' "
+                             "only (profile 'sandbox' always works in /workspace); drop it "
+                             "or set profile='image'")
+        if self.workdir and not is_normal_abspath(self.workdir):
+            raise BadRequest(f"SandboxSpec.workdir={self.workdir!r} must be a normalized "
+                             "absolute path such as '/app' (no trailing '/', '.', '..' or "
+                             "'//'); use '' for the image's own WORKDIR")
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -302,6 +340,41 @@ def safe_relpath(path: str) -> str:
     return norm
 
 
+def refuse_image_profile(spec: SandboxSpec, backend: str) -> None:
+    """BadRequest unless ``spec`` is profile "sandbox" (what a ``backend`` other than
+    Docker runs)."""
+    if spec.profile != "sandbox" or spec.workdir:
+        raise BadRequest(f"{IMAGE_PROFILE_NEEDS_DOCKER} (backend {backend!r} got profile "
+                         f"{spec.profile!r}, workdir {spec.workdir!r})")
+
+
+def is_normal_abspath(path: str) -> bool:
+    """True for an absolute path already in normal form: "/" or "/a/b" (no "//", "." or "..",
+    no trailing "/")."""
+    return path == "/" or (path.startswith("/") and all(
+        p not in ("", ".", "..") for p in path[1:].split("/")))
+
+
+def safe_abspath(path: str) -> str:
+    """Normalize an absolute container path (profile "image" transfers); BadRequest for a
+    relative path, NUL, more than MAX_PATH_BYTES characters or any ``..`` component."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise BadRequest(f"bad path {path!r}: give an absolute path such as '/tests'")
+    if len(path) > MAX_PATH_BYTES:
+        raise BadRequest(f"path of {len(path)} characters; the limit is {MAX_PATH_BYTES}")
+    if ".." in path.split("/"):
+        raise BadRequest(f"path {path!r} has a '..' component; give the path without it")
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+def safe_path(path: str, absolute_ok: bool = False) -> str:
+    """``safe_relpath(path)``; with ``absolute_ok`` an absolute path is taken too
+    (``safe_abspath``): a sandbox of profile "image", whose whole filesystem is the task's."""
+    if absolute_ok and isinstance(path, str) and path.startswith("/"):
+        return safe_abspath(path)
+    return safe_relpath(path)
+
+
 @dataclasses.dataclass(frozen=True)
 class TarLimits:
     """Caps on one upload or download, checked while streaming.
@@ -388,8 +461,9 @@ def files_to_tar(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
 
 
 def file_from_tar(data: bytes, path: str) -> bytes:
-    """Extract the single regular file named ``basename(path)`` from a get_tar stream."""
-    want = posixpath.basename(safe_relpath(path))
+    """Extract the single regular file named ``basename(path)`` from a get_tar stream
+    (``path`` as given to get_tar: workspace-relative, or absolute for profile "image")."""
+    want = posixpath.basename(safe_path(path, absolute_ok=True))
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
         for m in tf.getmembers():
             if posixpath.basename(posixpath.normpath(m.name)) == want:
@@ -398,7 +472,7 @@ def file_from_tar(data: bytes, path: str) -> bytes:
                 f = tf.extractfile(m)
                 assert f is not None
                 return f.read()
-    raise BadRequest(f"{path!r} not found in the workspace")
+    raise BadRequest(f"{path!r} not found in the sandbox")
 
 
 class Sandbox(abc.ABC):
@@ -416,11 +490,15 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def put_tar(self, data: bytes, dest: str = ".") -> None:
-        """Extract a tar stream into the workspace directory ``dest``."""
+        """Extract a tar stream into the workspace directory ``dest`` (profile "image": or
+        the absolute directory ``dest``, created if missing)."""
 
     @abc.abstractmethod
     def get_tar(self, path: str = ".", max_bytes: int = 256 * MiB) -> bytes:
-        """Return a tar stream of workspace path ``path`` (file or directory)."""
+        """Return a tar stream of workspace path ``path`` (file or directory); members are
+        named by their workspace-relative paths. Profile "image" also takes an absolute
+        ``path``: its members are named by their paths relative to "/" (``/logs/x`` ->
+        ``logs/x``)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -2,7 +2,8 @@
 
 Each sandbox is one container started from a locally built image
 (``python -m terminal_rsi.sandbox.image build``). What holds, with ``spec`` its
-:class:`SandboxSpec`:
+:class:`SandboxSpec`, for profile ``"sandbox"`` (the default; profile ``"image"``, a task's
+own image, differs as its section at the end says):
 
 Container
     network ``none`` (``network=True`` uses the host network; the daemon here runs
@@ -74,6 +75,34 @@ Files
     nothing, as tar runs as the sandbox user inside the container and reaches only what
     that user can read or write anyway. Every failure of a file operation is a
     BadRequest naming the path, never an ``OSError`` or a raw Docker error.
+Profile ``"image"`` (a Terminal-Bench / Harbor task image, run as its tools run it)
+    The container runs as the image's USER (``Config.User``; none: root ``0:0``) in
+    ``spec.workdir`` or else the image's WORKDIR (none: ``/``), which is ``workdir`` and
+    the workspace: it keeps the image's files. Commands and the terminal session run as
+    that user, with the image's ENV (plus ``HOME`` as ``docker exec`` sets it when the
+    image has none), then ``spec.env``, then the exec's. Our pid 1 replaces the image's
+    ENTRYPOINT. The root filesystem is writable (no tmpfs anywhere; ``/tmp`` is the
+    image's, ``/dev/shm`` Docker's own 64 MiB); ``disk_mb`` caps the writable layer with
+    ``storage_opt size`` where the engine can (:func:`storage_quota_supported`, asked once
+    per engine and process; overlay2 only on xfs with ``pquota``), else one warning says
+    it is not enforced. Capabilities: all dropped but :data:`IMAGE_CAPS` (what package
+    managers and file ownership need); ``no-new-privileges``, network, memory, pids, CPU,
+    ulimits, log driver, labels, SIGKILL stop and the sweep are as above. The same two
+    exec wrappers apply: an image user of root makes ``kill -9 -1`` reach every process
+    but pid 1 (a non-root user cannot change uid under no-new-privileges, so its own
+    processes are all there is); the second kill, a session's close and the transfers'
+    first kill run as root. At start one exec checks the image has what the machinery
+    runs (bash, and ``_TOOLS`` from coreutils, findutils, sed, tar): a missing one, or no
+    ``/bin/bash`` for pid 1, is a BadRequest naming the image. Files move as root (as
+    ``docker cp`` does: uploads belong to root, ``/tests`` can be made whatever the USER),
+    still never through a link; ``put_tar`` / ``get_tar`` also take an absolute path,
+    started from ``/`` instead of the workspace, and an absolute download's members are
+    named relative to ``/`` (``get_tar("/logs/v")``: ``logs/v``, ``logs/v/reward.txt``).
+    Relative paths stay workspace-relative; ``..`` is refused either way. The warm pool
+    keys on profile and workdir too. The wrappers and scripts run the image's own bash,
+    timeout and tar, which a root command can replace (the root is writable): the
+    guarantees above hold against commands, not against an agent rewriting those binaries;
+    the host stays out of reach either way.
 Cleanup
     ``close`` removes the container and unmounts its tmpfs. Containers carry owner
     labels (hostname, boot id, pid namespace, pid, process start time); the first
@@ -121,6 +150,7 @@ from terminal_rsi.sandbox.base import (
     check_lifetime,
     check_tar,
     is_env_name,
+    safe_path,
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import (
@@ -148,6 +178,20 @@ OWNER_LABELS = procs.OWNER_KEYS  # LABEL + "." + name
 DISK_LABEL = LABEL + ".disk"  # host path of the sandbox's tmpfs ("" when split)
 WORKDIR = "/workspace"
 USER = "1000:1000"
+ROOT = "0:0"  # profile "image": an image without USER, and the machinery's own execs
+# Profile "image": the capabilities a task image's root needs to install packages and own
+# files, nothing else (Docker's default set also has MKNOD, AUDIT_WRITE, NET_RAW, SETPCAP,
+# SETFCAP, SYS_CHROOT; none of those is needed by apt, pip or a test harness).
+IMAGE_CAPS = (
+    "CHOWN",             # chown files (dpkg, tar and pip unpack as their owners)
+    "DAC_OVERRIDE",      # root reads and writes files whatever their mode (apt's lists)
+    "FOWNER",            # chmod / utime / set-gid bits on files root does not own
+    "FSETID",            # keep set-uid/set-gid bits when root changes a file (dpkg)
+    "KILL",              # root signals other users' processes (the exec cleanup kill -9 -1)
+    "SETGID",            # apt drops to the _apt group, su / runuser to a task user
+    "SETUID",            # ... and to the _apt user
+    "NET_BIND_SERVICE",  # a task's server binds a port below 1024 (with network=True)
+)
 DISK_PREFIX = "trsi-dk-"
 # `command -p`: the wrapper's tools come from the system's default PATH, never the exec's env.
 _WRAPPER = ('exec 3>&2 2>/dev/null; command -p timeout -s KILL "$0" "$@" 2>&3 3>&-; rc=$?; '
@@ -165,6 +209,13 @@ SESSION_SOCKET = "/tmp/.trsi-tmux"
 # pid 1 of every container: it reaps the orphans a command leaves (``sleep infinity`` would
 # keep their zombies, each holding one of spec.pids for good); ``kill -9 -1`` spares pid 1.
 _INIT = ["/bin/bash", "-c", "while :; do sleep 86400 & wait $!; done"]
+# What the machinery runs in a container besides bash (wrappers, tar scripts, sessions):
+# profile "image" checks a task image has them when the sandbox starts, as the image's
+# USER, and learns that user's HOME as `docker exec` sets it (the image's ENV HOME, else
+# the passwd entry's): line 1 the missing tools, line 2 HOME.
+_TOOLS = ("env", "timeout", "dd", "mkdir", "stty", "find", "xargs", "sed", "tar", "sh")
+_PROBE_SCRIPT = ('for t in "$@"; do command -v "$t" >/dev/null 2>&1 || printf "%s " "$t"; '
+                 'done; printf "\\n%s" "$HOME"')
 _GRACE_S = 15.0
 _close_lock = threading.Lock()
 # The environment of the machinery's own execs (tar): nothing of the spec or the agent.
@@ -224,7 +275,7 @@ def _map_error(e: Exception, what: str) -> SandboxError:
 
 def _pool_key(spec: SandboxSpec) -> tuple:
     return (spec.image, spec.memory_mb, spec.cpus, spec.pids, spec.disk_mb, spec.network,
-            spec.open_files)
+            spec.open_files, spec.profile, spec.workdir)
 
 
 # ------------------------------------------------------------------------ owners
@@ -340,11 +391,16 @@ def remove_disk(root: str) -> None:
 
 
 class _Box:
-    """A started container and the host tmpfs it uses (``disk`` is "" when split)."""
+    """A started container and the host tmpfs it uses (``disk`` is "" when split or for
+    profile "image"); ``user`` and ``workdir`` are the container's (what exec runs as and
+    in: profile "sandbox" 1000:1000 in /workspace, profile "image" the image's)."""
 
     def __init__(self, container, disk: str):
         self.container, self.disk = container, disk
         self.id = container.id
+        cfg = (getattr(container, "attrs", None) or {}).get("Config") or {}
+        self.user = cfg.get("User") or ROOT
+        self.workdir = cfg.get("WorkingDir") or "/"
 
     def destroy(self) -> None:
         try:
@@ -359,9 +415,10 @@ class _Box:
 
 
 def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
-    """Start a container for ``spec``: one tmpfs for every writable place when possible."""
+    """Start a container for ``spec``: one tmpfs for every writable place when possible
+    (profile "image": none, the image's own root filesystem is writable)."""
     global _shared_disk
-    if _shared_disk_possible(client):
+    if spec.profile == "sandbox" and _shared_disk_possible(client):
         try:
             disk = make_disk(sid, spec.disk_mb)
         except OSError as e:
@@ -382,9 +439,10 @@ def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
     return _Box(_run_container(client, spec, sid, ""), "")
 
 
-def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
+def _sandbox_profile(spec: SandboxSpec, disk: str) -> dict:
+    """create() arguments of profile "sandbox": uid 1000, read-only root, tmpfs places."""
     # the Docker SDK: an optional engine, loaded when a Docker backend is used
-    from docker.types import Mount, Ulimit
+    from docker.types import Mount
 
     if disk:
         places = {"mounts": [Mount(target, os.path.join(disk, sub), type="bind")
@@ -396,40 +454,143 @@ def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
             WORKDIR: f"rw,exec,nosuid,nodev,size={ws}m,uid=1000,gid=1000,mode=0755",
             "/tmp": f"rw,exec,nosuid,nodev,size={tmp}m,mode=1777",
             "/dev/shm": f"rw,exec,nosuid,nodev,size={shm}m,mode=1777"}}
+    return {"command": _INIT, "user": USER, "working_dir": WORKDIR, "read_only": True,
+            **places}
+
+
+def _image_profile(client, spec: SandboxSpec) -> dict:
+    """create() arguments of profile "image": the image's USER and WORKDIR (or
+    spec.workdir), a writable root, IMAGE_CAPS, a disk quota where the engine has one."""
+    cfg = _image_config(client, spec.image)
+    kw = {"user": cfg.get("User") or ROOT,
+          "working_dir": spec.workdir or cfg.get("WorkingDir") or "/",
+          "read_only": False, "cap_add": list(IMAGE_CAPS),
+          # our pid 1, never the image's ENTRYPOINT
+          "entrypoint": _INIT[:1], "command": _INIT[1:]}
+    if storage_quota_supported(client, spec.image):
+        kw["storage_opt"] = {"size": f"{spec.disk_mb}M"}
+    return kw
+
+
+def _image_config(client, image: str) -> dict:
+    """The image's Config (User, WorkingDir, Env ...); BadRequest when it is missing."""
+    import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
+
+    try:
+        return client.images.get(image).attrs.get("Config") or {}
+    except docker.errors.ImageNotFound as e:
+        raise BadRequest(f"image {image!r} not found on the Docker engine; build or load it "
+                         "first (sandboxes never pull from a registry)") from e
+    except Exception as e:  # noqa: BLE001
+        raise _map_error(e, f"inspect image {image!r}") from e
+
+
+def _run_container(client, spec: SandboxSpec, sid: str, disk: str):
+    # the Docker SDK: an optional engine, loaded when a Docker backend is used
+    from docker.types import Ulimit
+
+    profile = (_image_profile(client, spec) if spec.profile == "image"
+               else _sandbox_profile(spec, disk))
     labels = {LABEL: sid, DISK_LABEL: disk}
     labels.update({f"{LABEL}.{k}": v for k, v in procs.owner_identity().items()})
     try:
         # create + start, not run: run() pulls a missing image from a registry (network
         # traffic the sandbox host must never make); create() only reports it missing.
         container = client.containers.create(
-            spec.image, _INIT, name=f"trsi-{sid}",
-            hostname="sandbox", user=USER, working_dir=WORKDIR,
+            spec.image, name=f"trsi-{sid}", hostname="sandbox",
             network_mode="host" if spec.network else "none", ipc_mode="private",
             mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
             pids_limit=spec.pids, nano_cpus=int(spec.cpus * 1e9),
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+            cap_drop=["ALL"], security_opt=["no-new-privileges"],
             ulimits=[Ulimit(name="nofile", soft=spec.open_files, hard=spec.open_files),
                      Ulimit(name="core", soft=0, hard=0)],
             labels=labels, stop_signal="SIGKILL", init=False,
             log_config={"type": "none"},  # pid 1's stdout is writable by the sandbox user
-            **places)
+            **profile)
         container.start()
         return container
     except Exception as e:  # noqa: BLE001
-        import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
+        raise _create_error(client, spec, sid, e) from e
 
+
+def _create_error(client, spec: SandboxSpec, sid: str, e: Exception) -> SandboxError:
+    """What a failed create or start means (the half-made container removed)."""
+    import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
+
+    if isinstance(e, docker.errors.ImageNotFound):
+        return BadRequest(
+            f"image {spec.image!r} not found; build it with "
+            "`python -m terminal_rsi.sandbox.image build`")
+    err = _map_error(e, "create container")
+    if isinstance(e, docker.errors.APIError):
+        # A container created but not started would hold the mount: remove it by name.
+        try:
+            client.api.remove_container(f"trsi-{sid}", force=True)
+        except Exception:  # noqa: BLE001
+            pass
+        if "no such file or directory" in str(e.explanation) and _INIT[0] in str(
+                e.explanation):
+            return BadRequest(_needs_tools(spec.image, f"it has no {_INIT[0]}"))
+    return err
+
+
+def _needs_tools(image: str, why: str) -> str:
+    return (f"image {image!r} cannot host a sandbox: {why}; terminal_rsi needs bash "
+            f"({_INIT[0]}) and coreutils, findutils, sed and tar ({', '.join(_TOOLS)}) in "
+            "the image: install them in its Dockerfile")
+
+
+# ------------------------------------------------------------------------ disk quota
+
+
+_quota: dict[str, bool] = {}  # engine (base url) -> whether it enforces storage_opt size
+_quota_lock = threading.Lock()
+_QUOTA_PROBE_MB = 1024
+
+
+def storage_quota_supported(client, image: str) -> bool:
+    """Whether the engine can cap a container's writable layer (``storage_opt size``, how
+    profile "image" applies ``disk_mb``). Decided once per engine and process by asking the
+    engine itself: a container of ``image`` is created (never started) with the option and
+    removed; overlay2 refuses it unless its backing filesystem is xfs mounted with
+    ``pquota``. When it cannot, one warning says disk_mb is not enforced there."""
+    key = str(client.api.base_url)
+    with _quota_lock:
+        if key not in _quota:
+            _quota[key] = _probe_quota(client, image)
+            if not _quota[key]:
+                log.warning("Docker sandboxes of profile 'image': this engine cannot cap a "
+                            "container's writable layer (storage_opt size needs overlay2 on "
+                            "xfs with pquota, btrfs or zfs); disk_mb is NOT enforced for "
+                            "them on this engine (memory, pids and CPU limits still are)")
+        return _quota[key]
+
+
+def _probe_quota(client, image: str) -> bool:
+    import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
+
+    api = client.api
+    labels = {LABEL: "probe", DISK_LABEL: ""}
+    labels.update({f"{LABEL}.{k}": v for k, v in procs.owner_identity().items()})
+    try:
+        cid = api.create_container(
+            image, ["true"], name=f"trsi-probe-{uuid.uuid4().hex[:12]}", labels=labels,
+            host_config=api.create_host_config(
+                network_mode="none", storage_opt={"size": f"{_QUOTA_PROBE_MB}M"}))["Id"]
+    except docker.errors.APIError as e:
         if isinstance(e, docker.errors.ImageNotFound):
-            raise BadRequest(
-                f"image {spec.image!r} not found; build it with "
-                "`python -m terminal_rsi.sandbox.image build`") from e
-        err = _map_error(e, "create container")
-        if isinstance(e, docker.errors.APIError):
-            # A container created but not started would hold the mount: remove it by name.
-            try:
-                client.api.remove_container(f"trsi-{sid}", force=True)
-            except Exception:  # noqa: BLE001
-                pass
-        raise err from e
+            raise BadRequest(f"image {image!r} not found on the Docker engine") from e
+        text = str(e.explanation or e).lower()
+        if any(w in text for w in ("storage-opt", "storage opt", "storageopt")):
+            return False
+        raise _map_error(e, "probe the engine's disk quota") from e
+    except Exception as e:  # noqa: BLE001
+        raise _map_error(e, "probe the engine's disk quota") from e
+    try:
+        api.remove_container(cid, force=True, v=True)
+    except Exception as e:  # noqa: BLE001
+        log.warning("removing the quota probe container %s failed: %s", cid[:12], e)
+    return True
 
 
 # ------------------------------------------------------------------------ sweep
@@ -519,12 +680,12 @@ class _ExecSocket:
     output is read."""
 
     def __init__(self, client, container_id: str, cmd: list[str], env: dict[str, str],
-                 workdir: str, stdin: bool = False, tty: bool = False):
+                 workdir: str, stdin: bool = False, tty: bool = False, user: str = USER):
         api = client.api
         try:
             self.exec_id = api.exec_create(container_id, cmd, stdin=stdin, stdout=True,
                                            stderr=True, tty=tty, environment=env,
-                                           workdir=workdir, user=USER)["Id"]
+                                           workdir=workdir, user=user)["Id"]
             sock = api.exec_start(self.exec_id, tty=tty, socket=True)  # tty: raw stream
         except Exception as e:  # noqa: BLE001
             raise _map_error(e, "exec") from e
@@ -751,13 +912,16 @@ class _TarSink:
 # Before a transfer no process of the sandbox may run while paths are checked and used
 # (not while a terminal session lives: see the module doc).
 _STOP_ALL = "kill -9 -1 2>/dev/null\n"
+# Both start in $TRSI_DIR (the tool env, set by the sandbox: its workspace, or "/" for an
+# absolute path of profile "image"); $TRSI_WHERE names it in messages, $TRSI_SHOW prefixes
+# the paths they print ("/" when absolute).
 # put: $@ are the dest components. stdin: "<n>\n", n bytes of NUL-separated paths (relative
 # to dest) that must not be symlinks, then the tar stream.
 _PUT_SCRIPT = r'''
-cd /workspace || exit 5
+cd -P -- "$TRSI_DIR" || exit 6
 for c in "$@"; do
   if [ -L "$c" ]; then
-    printf '%s is a symlink; workspace paths are never followed through links\n' "$c" >&2
+    printf '%s is a symlink; %s paths are never followed through links\n' "$c" "$TRSI_WHERE" >&2
     exit 3
   fi
   if [ ! -d "$c" ]; then mkdir -- "$c" || exit 3; fi
@@ -773,9 +937,9 @@ fi
 exec tar -x --no-same-owner --no-overwrite-dir -f -
 '''
 
-# get: $@ are the path's components ("." alone for the workspace).
+# get: $@ are the path's components ("." alone for the start directory itself).
 _GET_SCRIPT = r'''
-cd /workspace || exit 5
+cd -P -- "$TRSI_DIR" || exit 6
 p=.
 n=$#
 for ((i = 1; i <= n; i++)); do
@@ -784,12 +948,15 @@ for ((i = 1; i <= n; i++)); do
   p=$p/$c
   if [ -L "$p" ]; then
     [ "$i" -eq "$n" ] && break
-    printf '%s is a symlink; workspace paths are never followed through links\n' "${p#./}" >&2
+    printf '%s is a symlink; %s paths are never followed through links\n' \
+      "$TRSI_SHOW${p#./}" "$TRSI_WHERE" >&2
     exit 3
   fi
-  if [ ! -e "$p" ]; then printf '%s does not exist in the workspace\n' "${p#./}" >&2; exit 4; fi
+  if [ ! -e "$p" ]; then
+    printf '%s does not exist in the %s\n' "$TRSI_SHOW${p#./}" "$TRSI_WHERE" >&2; exit 4
+  fi
   if [ "$i" -lt "$n" ] && [ ! -d "$p" ]; then
-    printf '%s is not a directory\n' "${p#./}" >&2; exit 3
+    printf '%s is not a directory\n' "$TRSI_SHOW${p#./}" >&2; exit 3
   fi
 done
 if [ "$p" = . ]; then
@@ -864,21 +1031,42 @@ class DockerSandbox(Sandbox):
         self.spec = spec or SandboxSpec()
         self.client = client or docker_client()
         self.id = uuid.uuid4().hex[:16]
-        self.workdir = WORKDIR
         self._lock = threading.RLock()
         self._closed = False
         sweep_stale(self.client, once=True)
         self.box = _box or _create_box(self.client, self.spec, self.id)
         self.container = self.box.container
         self.container_id = self.box.id
+        self.image_profile = self.spec.profile == "image"
+        # profile "sandbox": /workspace as uid 1000; "image": the image's WORKDIR and USER
+        self.workdir, self.user = self.box.workdir, self.box.user
+        # the machinery's own execs (transfers, cleanup): root in profile "image", as
+        # `docker cp` is, so /tests can be made whatever the image's USER
+        self.tool_user = ROOT if self.image_profile else USER
         self._image_env: dict[str, str] | None = None
         self.session: StreamSession | None = None
+        self._home = ""  # profile "image": HOME as docker exec gives the image's USER
         try:
+            if self.image_profile:
+                self._probe_image()
             if self.spec.files:
                 self.put_files(self.spec.files)
         except BaseException:
             self.close()
             raise
+
+    def _probe_image(self) -> None:
+        """Profile "image": BadRequest naming the image when it lacks a tool we run; learn
+        the USER's HOME (`_PROBE_SCRIPT`)."""
+        out = OutputCap(1 << 16)
+        code, msg = self._tool("check tools", _PROBE_SCRIPT, list(_TOOLS), out,
+                               time.monotonic() + 60, user=self.user)
+        missing, _, home = out.text().partition("\n")
+        if code != 0 or missing.strip():
+            why = (f"it lacks {missing.strip()}" if code == 0
+                   else f"bash failed there ({code}): {(out.text() + msg)[-300:]}")
+            raise BadRequest(_needs_tools(self.spec.image, why))
+        self._home = home
 
     def _check_open(self) -> None:
         if self._closed:
@@ -893,6 +1081,8 @@ class DockerSandbox(Sandbox):
             except Exception as e:  # noqa: BLE001
                 raise _map_error(e, "inspect container") from e
             image_env = dict(p.split("=", 1) for p in pairs if "=" in p)
+            if self._home and "HOME" not in image_env:
+                image_env["HOME"] = self._home  # as docker exec sets it for the user
             self._image_env = {k: v for k, v in image_env.items() if is_env_name(k)}
         return {**self._image_env, **self.spec.env, **(env or {}), MARKER_ENV: self.id}
 
@@ -912,7 +1102,7 @@ class DockerSandbox(Sandbox):
         with self._lock:
             self._check_open()
             rel = safe_relpath(cwd) if cwd else "."
-            workdir = posixpath.normpath(posixpath.join(WORKDIR, rel))
+            workdir = posixpath.normpath(posixpath.join(self.workdir, rel))
             spare_session = self.session_live
             wrapper = _GROUP_WRAPPER if spare_session else _WRAPPER
             cmd = ["/bin/bash", "-p", "-c", wrapper, f"{timeout:.3f}", "/usr/bin/env", "-i",
@@ -920,7 +1110,8 @@ class DockerSandbox(Sandbox):
             out = OutputCap(self.spec.max_output_bytes)
             err = OutputCap(self.spec.max_output_bytes)
             t0 = time.monotonic()
-            stream = _ExecSocket(self.client, self.container_id, cmd, self._tool_env(), workdir)
+            stream = _ExecSocket(self.client, self.container_id, cmd, self._tool_env(), workdir,
+                                 user=self.user)
             try:
                 try:
                     stream.pump(out, err, t0 + timeout + _GRACE_S)
@@ -955,7 +1146,8 @@ class DockerSandbox(Sandbox):
                               duration_s=dt)
 
     def _reap(self) -> None:
-        """Kill every process of the sandbox user but pid 1; SandboxLost if impossible."""
+        """Kill every process of the sandbox user (profile "image": every process) but
+        pid 1; SandboxLost if impossible."""
         deadline = time.monotonic() + 5.0
         while True:
             out = OutputCap(4096)
@@ -995,7 +1187,7 @@ class DockerSandbox(Sandbox):
             cmd = ["/bin/bash", "-p", "-c", _SESSION_WRAPPER, cpu, "/usr/bin/env", "-i",
                    *(f"{k}={v}" for k, v in env.items()), *argv]
             stream = _ExecSocket(self.client, self.container_id, cmd, self._tool_env(),
-                                 WORKDIR, stdin=True, tty=not tmux)
+                                 self.workdir, stdin=True, tty=not tmux, user=self.user)
             channel = _ExecChannel(stream, multiplexed=bool(tmux))
             kind = TmuxSession if tmux else PtySession
             self.session = kind(channel, token, self.spec.max_output_bytes,
@@ -1017,12 +1209,16 @@ class DockerSandbox(Sandbox):
             self._reap()
 
     def _tool(self, what: str, script: str, args: list[str], out, deadline: float,
-              stdin: list[bytes | memoryview] | None = None) -> tuple[int, str]:
-        """Run a machinery script as the sandbox user; (exit code, stderr text)."""
+              stdin: list[bytes | memoryview] | None = None,
+              where: dict[str, str] | None = None, user: str = "") -> tuple[int, str]:
+        """Run a machinery script as ``user`` (default ``tool_user``) with the fixed tool
+        environment (plus ``where``: the TRSI_* variables of a transfer); (exit code, stderr
+        text)."""
         err = OutputCap(64 << 10)
         stream = _ExecSocket(self.client, self.container_id,
-                             ["/bin/bash", "-p", "-c", script, "trsi", *args], self._tool_env(),
-                             WORKDIR, stdin=stdin is not None)
+                             ["/bin/bash", "-p", "-c", script, "trsi", *args],
+                             {**self._tool_env(), **(where or {})}, "/",
+                             stdin=stdin is not None, user=user or self.tool_user)
         try:
             stream.pump(out, err, deadline, stdin or ())
             code = stream.exit_code()
@@ -1037,12 +1233,36 @@ class DockerSandbox(Sandbox):
             stream.close()
         return code, err.text().strip()
 
+    def _place(self, path: str) -> tuple[dict[str, str], list[str]]:
+        """Where a transfer starts (the TRSI_* tool variables) and ``path``'s components
+        from there: the workspace for a relative path; "/" for an absolute one, which only
+        profile "image" takes (the whole filesystem is the task's there)."""
+        norm = safe_path(path, absolute_ok=self.image_profile)
+        if norm.startswith("/"):
+            where = {"TRSI_DIR": "/", "TRSI_WHERE": "container", "TRSI_SHOW": "/"}
+            return where, [p for p in norm.split("/") if p] or ["."]
+        where = {"TRSI_DIR": self.workdir, "TRSI_WHERE": "workspace", "TRSI_SHOW": ""}
+        return where, norm.split("/")
+
+    def _check_start(self, what: str, code: int, msg: str, where: dict[str, str]) -> None:
+        """A transfer script's exit 5 (its input broke) or 6 (no start directory): in
+        profile "image" a command may have removed the workspace (BadRequest); in profile
+        "sandbox" it is a mount, so the container is broken (InfrastructureError)."""
+        if code == 6 and self.image_profile:
+            raise BadRequest(f"{what}: {where['TRSI_DIR']} is not a directory in the container "
+                             f"any more (a command removed the workspace?): {msg}")
+        if code in (5, 6):
+            raise InfrastructureError(f"{what}: the container's workspace is unusable: {msg}")
+
     def put_tar(self, data: bytes, dest: str = ".") -> None:
+        """Extract into workspace directory ``dest``, or (profile "image") the absolute
+        directory ``dest``, made with its missing parents; see the module doc."""
         limits = TarLimits(max_members=self.tar_limits.max_members,
                            max_bytes=self.spec.disk_mb << 20,
                            timeout_s=self.tar_limits.timeout_s)
         members = check_tar(data, limits)
-        dest_parts = [p for p in safe_relpath(dest).split("/") if p != "."]
+        where, parts = self._place(dest)
+        dest_parts = [p for p in parts if p != "."]
         listing = b"\0".join(p.encode("utf-8", "surrogateescape")
                              for p in _checked_paths(members))
         stdin = [f"{len(listing)}\n".encode(), listing, *_upload_stream(data, members)]
@@ -1050,27 +1270,29 @@ class DockerSandbox(Sandbox):
             self._check_open()
             code, msg = self._tool("put_tar", self._file_script(_PUT_SCRIPT), dest_parts,
                                    OutputCap(64 << 10), time.monotonic() + limits.timeout_s,
-                                   stdin)
-        if code == 5:
-            raise InfrastructureError(f"put_tar: the container's workspace is unusable: {msg}")
+                                   stdin, where)
+        self._check_start("put_tar", code, msg, where)
         if code != 0:
             if "No space left on device" in msg or "Wrote only" in msg:
                 msg = f"the sandbox disk (disk_mb={self.spec.disk_mb}) is full: {msg}"
             raise BadRequest(f"extracting the upload into {dest!r} failed: {msg[-2000:]}")
 
     def get_tar(self, path: str = ".", max_bytes: int = 256 << 20) -> bytes:
-        parts = safe_relpath(path).split("/")
+        """A tar stream of workspace path ``path``, members named relative to the
+        workspace; profile "image" also takes an absolute ``path``, its members then named
+        relative to "/" (``/logs/v/r.txt`` -> ``logs/v/r.txt``; ``/`` -> ``.`` and the rest)."""
+        where, parts = self._place(path)
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
             raise BadRequest(f"max_bytes must be a positive int, got {max_bytes!r}")
         sink = _TarSink(max_bytes, self.tar_limits.max_members, f"download of {path!r}")
         with self._lock:
             self._check_open()
             code, msg = self._tool("get_tar", self._file_script(_GET_SCRIPT), parts, sink,
-                                   time.monotonic() + self.tar_limits.timeout_s)
-        if code == 5:
-            raise InfrastructureError(f"get_tar: the container's workspace is unusable: {msg}")
+                                   time.monotonic() + self.tar_limits.timeout_s, where=where)
+        self._check_start("get_tar", code, msg, where)
         if code not in (0, 1):  # 1: a file changed while it was read
-            raise BadRequest(f"reading {path!r} from the workspace failed: {msg[-2000:]}")
+            raise BadRequest(f"reading {path!r} from the {where['TRSI_WHERE']} failed: "
+                             f"{msg[-2000:]}")
         return sink.value()
 
     def close(self) -> None:

@@ -15,6 +15,9 @@ Isolation levels (the table in docs/sandbox.md says what each guarantees):
     (``local-plain``), or by ``local`` when bubblewrap is unusable and the caller
     allowed it (``allow_plain=True``, one warning line says what it does not isolate).
 
+Both modes run profile "sandbox" only: a spec of profile "image" (or with a ``workdir``) is
+a :class:`BadRequest` (``base.refuse_image_profile``; the task's own image needs Docker).
+
 Both modes, when the host runs as root (CI, sandbox hosts), run commands as a
 dedicated unprivileged uid per sandbox whose workspace, /tmp and /dev/shm are
 private (mode 0700) on a tmpfs of ``spec.disk_mb``: one disk quota for all of them.
@@ -65,6 +68,7 @@ from terminal_rsi.sandbox.base import (
     check_env,
     check_exec_args,
     check_lifetime,
+    refuse_image_profile,
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError, SandboxLost
@@ -188,6 +192,7 @@ class LocalSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec | None = None, mode: str = "auto",
                  base_dir: str | None = None, allow_plain: bool = False):
         self.spec = spec or SandboxSpec()
+        refuse_image_profile(self.spec, "local")
         if mode not in ("auto", "bwrap", "plain"):
             raise BadRequest(f"LocalSandbox mode must be auto|bwrap|plain, got {mode!r}")
         if mode in ("auto", "bwrap") and not bwrap_available():

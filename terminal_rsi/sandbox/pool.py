@@ -6,7 +6,9 @@
         r = sb.exec("make test", timeout=60)
 
 - Placement: the healthy endpoint with the fewest open sandboxes (ties in
-  the given order).
+  the given order) among those that can run the spec: a spec of profile "image" goes
+  only to ``docker`` and bridge endpoints (a bridge in front of a local backend answers
+  it with BadRequest); with none such, ``open`` is a BadRequest at once.
 - Health: an endpoint that fails to create a sandbox with an infrastructure error
   is marked down for ``cooldown_s``; after that a health check (``GET /v1/health``)
   must pass before it gets work again. A call on an open sandbox that fails with an
@@ -41,6 +43,7 @@ from terminal_rsi.sandbox.base import (
     ExecResult,
     Sandbox,
     SandboxSpec,
+    refuse_image_profile,
 )
 from terminal_rsi.sandbox.errors import (
     BadRequest,
@@ -73,6 +76,12 @@ class Endpoint:
         if self.remote:
             return RemoteSandbox.create(self.client, spec)
         return open_backend(spec, self.target)
+
+    def serves(self, spec: SandboxSpec) -> bool:
+        """Whether this endpoint can run ``spec``: profile "image" needs Docker (a bridge
+        may have it; a local backend has not)."""
+        return ((spec.profile == "sandbox" and not spec.workdir) or self.remote
+                or self.target == "docker")
 
     def check(self) -> bool:
         if not self.remote:
@@ -213,6 +222,8 @@ class SandboxPool:
         spec = spec or SandboxSpec()
         if self._closed:
             raise InfrastructureError("the pool is closed")
+        if not any(ep.serves(spec) for ep in self.endpoints):
+            refuse_image_profile(spec, ",".join(ep.target for ep in self.endpoints))
         if not self._slots.acquire(timeout=timeout):
             raise SandboxBusy(f"no free slot among {self.max_concurrent} within {timeout}s")
         last: Exception | None = None
@@ -221,6 +232,8 @@ class SandboxPool:
                 if attempt:
                     time.sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
                 for ep in self._candidates():
+                    if not ep.serves(spec):
+                        continue
                     if ep.down_until > 0 and ep.down_until <= time.monotonic() and ep.remote:
                         if not ep.check():  # came back from cooldown: must pass health
                             self._mark_down(ep)

@@ -37,6 +37,8 @@ from terminal_rsi.sandbox.base import (
     SandboxSpec,
     check_exec_args,
     check_lifetime,
+    is_normal_abspath,
+    safe_abspath,
     safe_relpath,
 )
 from terminal_rsi.sandbox.errors import (
@@ -192,9 +194,10 @@ class BridgeClient:
 class RemoteSandbox(Sandbox):
     """A sandbox living on a bridge server."""
 
-    def __init__(self, client: BridgeClient, sid: str, spec: SandboxSpec, own_client: bool):
+    def __init__(self, client: BridgeClient, sid: str, spec: SandboxSpec, own_client: bool,
+                 workdir: str = "/workspace"):
         self.client, self.id, self.spec = client, sid, spec
-        self.workdir = "/workspace"
+        self.workdir = workdir  # the server's answer (profile "image": the image's WORKDIR)
         self._own_client = own_client
         self._closed = False
 
@@ -207,7 +210,8 @@ class RemoteSandbox(Sandbox):
         try:
             r = client.request("POST", "/v1/sandboxes", json={"spec": spec.to_json()},
                                timeout=max(client.timeout, 120.0))
-            sid = _answer(r, f"{client.url} create", ("id",))["id"]
+            data = _answer(r, f"{client.url} create", ("id",))
+            sid = data["id"]
             if not (isinstance(sid, str) and SANDBOX_ID.fullmatch(sid)):
                 raise InfrastructureError(f"bridge {client.url} create: the id {sid!r} is not "
                                           "a sandbox id")
@@ -215,7 +219,10 @@ class RemoteSandbox(Sandbox):
             if own:
                 client.close()
             raise
-        return cls(client, sid, spec, own)
+        workdir = data.get("workdir")  # absent from servers older than profile "image"
+        if not (isinstance(workdir, str) and is_normal_abspath(workdir)):
+            workdir = "/workspace"
+        return cls(client, sid, spec, own, workdir)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -236,17 +243,24 @@ class RemoteSandbox(Sandbox):
             raise InfrastructureError(f"bridge {self.client.url} exec: the answer is not an "
                                       f"ExecResult ({e!r})") from e
 
+    def _path(self, path: str) -> str:
+        """A transfer path as the server takes it: workspace-relative, or absolute for
+        profile "image" (the server checks again)."""
+        if self.spec.profile == "image" and isinstance(path, str) and path.startswith("/"):
+            return safe_abspath(path)
+        return safe_relpath(path)
+
     def put_tar(self, data: bytes, dest: str = ".") -> None:
         self._check_open()
         self.client.request("PUT", f"/v1/sandboxes/{self.id}/files",
-                            params={"dest": safe_relpath(dest)}, content=data,
+                            params={"dest": self._path(dest)}, content=data,
                             headers={"Content-Type": "application/x-tar"},
                             timeout=max(self.client.timeout, 120.0))
 
     def get_tar(self, path: str = ".", max_bytes: int = 256 << 20) -> bytes:
         self._check_open()
         r = self.client.request("GET", f"/v1/sandboxes/{self.id}/files",
-                                params={"path": safe_relpath(path), "max_bytes": max_bytes},
+                                params={"path": self._path(path), "max_bytes": max_bytes},
                                 timeout=max(self.client.timeout, 120.0))
         return r.content
 

@@ -12,10 +12,13 @@ Built on Starlette + uvicorn. API (JSON unless noted, every call needs
 instance, and a sandbox belongs to the (token, client) pair that created it):
 
 =======  ===============================  ===========================================
-POST     /v1/sandboxes                    {"spec": SandboxSpec.to_json()} -> {"id"}
+POST     /v1/sandboxes                    {"spec": SandboxSpec.to_json()} -> {"id",
+                                          "workdir"} (the workspace path commands see)
 POST     /v1/sandboxes/{id}/exec          {"command", "timeout", "env", "cwd"} -> ExecResult
 PUT      /v1/sandboxes/{id}/files?dest=   body: tar stream -> {}
 GET      /v1/sandboxes/{id}/files?path=   -> tar stream (application/x-tar); &max_bytes=
+                                          (dest / path: workspace-relative; a sandbox of
+                                          profile "image" also takes absolute ones)
 DELETE   /v1/sandboxes/{id}               -> {} (idempotent; closes its session too)
 POST     /v1/sandboxes/{id}/session       {"lifetime_s"} -> {} (201): open the terminal
                                           session (one per sandbox)
@@ -96,7 +99,7 @@ from terminal_rsi.sandbox.base import (
     TarLimits,
     check_env,
     check_text,
-    safe_relpath,
+    safe_path,
 )
 from terminal_rsi.sandbox.docker_backend import DockerBackend
 from terminal_rsi.sandbox.errors import (
@@ -350,12 +353,18 @@ def _check_fields(data: Mapping[str, Any], known: tuple[str, ...], what: str) ->
                          f"fields are {list(known)}")
 
 
-def _relpath(value: Any, what: str) -> str:
+def _relpath(value: Any, what: str, absolute_ok: bool = False) -> str:
+    """A checked workspace-relative path (``absolute_ok``: or absolute, profile "image")."""
     check_text(value, what, MAX_PATH_BYTES)
     try:
-        return safe_relpath(value)
+        return safe_path(value, absolute_ok=absolute_ok)
     except BadRequest as e:
         raise BadRequest(f"{what}: {e}") from None
+
+
+def _file_path(sb: Sandbox, value: str, what: str) -> str:
+    """A transfer path for ``sb``: absolute only when its profile is "image"."""
+    return _relpath(value, what, absolute_ok=sb.spec.profile == "image")
 
 
 EXEC_FIELDS = ("command", "timeout", "env", "cwd")
@@ -480,7 +489,11 @@ def parse_spec(data: Any, limits: ServerLimits) -> SandboxSpec:
         d["env"] = check_env(data["env"], "spec.env")
     if "files" in data:
         d["files"] = _parse_files(data["files"], d.get("disk_mb", SandboxSpec.disk_mb))
-    return SandboxSpec(**d)
+    if "profile" in data:
+        d["profile"] = check_text(data["profile"], "spec.profile", 64)
+    if "workdir" in data:
+        d["workdir"] = check_text(data["workdir"], "spec.workdir", MAX_PATH_BYTES)
+    return SandboxSpec(**d)  # checks profile and workdir (BadRequest saying what is wrong)
 
 
 def _parse_files(files: Any, disk_mb: int) -> dict[str, bytes]:
@@ -611,6 +624,12 @@ class SandboxManager:
             self._entries[sb.id] = _Entry(sb, owner, time.monotonic())
             self.metrics["sandboxes_created"] += 1
         return sb.id
+
+    def workdir(self, sid: str) -> str:
+        """The workspace path commands of sandbox ``sid`` see ("" once it is gone)."""
+        with self._lock:
+            e = self._entries.get(sid)
+            return e.sandbox.workdir if e is not None else ""
 
     def acquire(self, owner: str, sid: str) -> _Entry:
         with self._lock:
@@ -813,7 +832,8 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
         _check_fields(data, ("spec",), "create")
         spec = parse_spec(data.get("spec", {}), limits)
         sid = await run_in_threadpool(manager.create, owner, spec)
-        return JSONResponse({"id": sid}, status_code=201)
+        return JSONResponse({"id": sid, "workdir": manager.workdir(sid) or "/workspace"},
+                            status_code=201)
 
     async def with_sandbox(owner: str, sid: str, fn, *args):
         e = manager.acquire(owner, parse_sid(sid))
@@ -839,18 +859,18 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
 
     async def put_files(request: Request, owner: str):
         q = parse_query(request.query_params, {"dest": "."})
-        dest = _relpath(q["dest"], "query parameter dest")
+        _relpath(q["dest"], "query parameter dest", absolute_ok=True)  # before the body
         data = await body(request, max_request_bytes)
-        await with_sandbox(owner, request.path_params["sid"],
-                           lambda sb: sb.put_tar(data, dest))
+        await with_sandbox(owner, request.path_params["sid"], lambda sb: sb.put_tar(
+            data, _file_path(sb, q["dest"], "query parameter dest")))
         return JSONResponse({})
 
     async def get_files(request: Request, owner: str):
         q = parse_query(request.query_params, {"path": ".", "max_bytes": str(max_request_bytes)})
-        path = _relpath(q["path"], "query parameter path")
+        _relpath(q["path"], "query parameter path", absolute_ok=True)
         max_bytes = _parse_max_bytes(q["max_bytes"], max_request_bytes)
-        data = await with_sandbox(owner, request.path_params["sid"],
-                                  lambda sb: sb.get_tar(path, max_bytes=max_bytes))
+        data = await with_sandbox(owner, request.path_params["sid"], lambda sb: sb.get_tar(
+            _file_path(sb, q["path"], "query parameter path"), max_bytes=max_bytes))
         return Response(data, media_type="application/x-tar")
 
     async def delete(request: Request, owner: str):
