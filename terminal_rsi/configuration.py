@@ -126,7 +126,7 @@ BASE_SCHEMA: dict[str, Setting] = flat_specs(sections.Run)
 # Where episodes' sandboxes run: every experiment that opens task sandboxes has these.
 SANDBOX_SCHEMA: dict[str, Setting] = {
     f"tasks.{k}": v for k, v in flat_specs(sections.Tasks).items()
-    if k in ("backend", "allow_plain_sandbox")}
+    if k in ("backend", "allow_plain_sandbox", "allow_network")}
 sandbox_backend_problem = sections.sandbox_backend_problem
 
 # Task pool and harness budgets shared by every experiment that runs episodes

@@ -98,6 +98,9 @@ class Sandboxes(Section):
     backend: str = setting("local", BACKEND_DOC, check=sandbox_backend_problem,
                            allowed=BACKEND_ALLOWED)
     allow_plain_sandbox: str = setting("builtin", PLAIN_DOC, choices=PLAIN_POLICIES)
+    allow_network: bool = setting(False, "tasks that ask for network (Harbor allow_internet, "
+                                  "tests that pip install or curl) get it; else they run "
+                                  "offline and a failure says so")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,7 +66,7 @@ from terminal_rsi.models.transformer import ValueModel
 from terminal_rsi.progress import echo
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
 from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import get_suite, open_task_sandbox
+from terminal_rsi.tasks import get_suite, task_sandbox_factory
 
 SUITES = ("heldout_instances", "heldout_families")
 SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
@@ -187,8 +187,8 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
         t0 = time.monotonic()
         policy = SamplerPolicy(sampler, model.params, model.tokenizer,
                                seed=config.seed * 1000 + si)
-        sched = RolloutScheduler(policy, harness, lambda task: open_task_sandbox(
-            task, config.tasks.backend, allow_plain=config.tasks.allow_plain_sandbox),
+        sched = RolloutScheduler(
+            policy, harness, task_sandbox_factory(config.tasks),
             SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True),
             scorer=scorer)
         launch = [task for _ in range(e.k) for task in tasks]

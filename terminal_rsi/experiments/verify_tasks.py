@@ -6,8 +6,12 @@
 
 For each task: start its environment in a sandbox, run the reference solution, run the
 protected verifier (`terminal_rsi.tasks.check_tasks.check_task`), print the report, and
-finally a pass/fail table. A task passes when its reference solution is strictly successful
-(S = 1, P = N) and N equals the task's expected check count (if it declares one).
+finally a table with each task's verdict: PASS, FAIL, UNAVAILABLE (its environment cannot
+be provided here: a base image or the engine missing, a backend that cannot honour its
+paths) or ERROR (it does not load, its image does not build, its verifier crashes), with
+the reason. A task passes when its reference solution is strictly successful (S = 1,
+P = N) and N equals the task's expected check count (if it declares one). One task never
+stops the run.
 `results.json` in the workdir holds every report; the run raises `TaskCheckFailed` if any
 task failed and `tasks.fail_on_error` is set.
 """
@@ -23,6 +27,7 @@ from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.sections import Sandboxes, Seeded
 from terminal_rsi.settings import setting
 from terminal_rsi.tasks.check_tasks import (
+    VERDICTS,
     TaskCheckFailed,
     check_task,
     format_error_row,
@@ -49,7 +54,8 @@ class CheckedTasks(Sandboxes):
     pytest_runtime: str = setting("auto", "copy the host's pytest into sandboxes lacking it",
                                   choices=("auto", "inject", "sandbox"))
     show_reports: bool = setting(False, "print each verifier report")
-    fail_on_error: bool = setting(True, "raise at the end if any task did not pass")
+    fail_on_error: bool = setting(True, "raise at the end (after results.json) if any task "
+                                  "is FAIL or ERROR (UNAVAILABLE is not the task's fault)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,21 +78,25 @@ def run(config: VerifyTasksConfig, workdir: str) -> list[dict]:
         if isinstance(task, tuple):
             task_dir, error = task
             rows.append(format_error_row(task_dir, error))
-            print(f"== {rows[-1]['task']}: FORMAT ERROR ({error})")
+            print(f"== {rows[-1]['task']}: ERROR ({rows[-1]['why']})")
             continue
         row = check_task(task, cfg.backend, allow_plain=cfg.allow_plain_sandbox,
-                         mode=cfg.mode or None, pytest_runtime=cfg.pytest_runtime)
+                         allow_network=cfg.allow_network, mode=cfg.mode or None,
+                         pytest_runtime=cfg.pytest_runtime)
         rows.append(row)
         print(f"== {task.id} [{task.format}, {task.family}]: {row['verdict']}"
               + (f" ({row['why']})" if row.get("why") else ""))
+        for warning in task.warnings:
+            print(f"   warning: {warning}")
         if cfg.show_reports and "report" in row:
             print(json.dumps({k: row["report"][k] for k in REPORT_KEYS}, indent=None))
     print(format_table(rows))
     os.makedirs(workdir, exist_ok=True)
     atomic_write_json(os.path.join(workdir, "results.json"), rows)
-    bad = [r["task"] for r in rows if r["verdict"] != "PASS"]
+    bad = [r["task"] for r in rows if r["verdict"] in ("FAIL", "ERROR")]
     if bad and cfg.fail_on_error:
-        raise TaskCheckFailed(f"{len(bad)} task(s) did not pass: {', '.join(bad[:10])}")
+        raise TaskCheckFailed(f"{len(bad)} task(s) failed or are broken: {', '.join(bad[:10])}"
+                              f" (every verdict: {os.path.join(workdir, 'results.json')})")
     return rows
 
 
@@ -99,6 +109,7 @@ def format_table(rows: Sequence[dict]) -> str:
                 r.get("N", "-"), r["expected"] if r["expected"] is not None else "-",
                 r["verdict"], f"{r['seconds']:.2f}")
         lines.append("| " + " | ".join(str(v) for v in vals) + " |")
-    n_pass = sum(r["verdict"] == "PASS" for r in rows)
-    lines.append(f"\n{n_pass}/{len(rows)} tasks pass")
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+    lines.append(f"\n{counts['PASS']}/{len(rows)} tasks pass ("
+                 + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ")")
     return "\n".join(lines)

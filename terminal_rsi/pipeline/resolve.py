@@ -39,10 +39,10 @@ from terminal_rsi.settings import SettingError, specs
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL_DIMS = tuple(specs(ModelDims))  # the tiny model dims a scale or the user may set
 TASK_KEYS = ("suite", "families", "n_per_family", "backend", "allow_plain_sandbox",
-             "eval_n_per_family")
+             "allow_network", "eval_n_per_family")
 # shared settings the evaluation config takes besides model.* and harness.*
 EVAL_SHARED = ("seed", "tasks.suite", "tasks.families", "tasks.backend",
-               "tasks.allow_plain_sandbox")
+               "tasks.allow_plain_sandbox", "tasks.allow_network")
 # pipeline `eval.<key>` -> the field of configs/evaluate.py it sets (default: eval.<key>)
 EVAL_PATHS = {"n_per_family": "tasks.n_per_family", "temperature": "harness.temperature",
               "top_p": "harness.top_p", "heldout_families": "tasks.heldout_families"}

@@ -182,7 +182,8 @@ def success_from_exit_code(code: int | None) -> bool | None:
 
 def parse_reward_value(text: str | bytes) -> float | None:
     """The terminal reward in a Harbor-style reward file's contents: a bare number
-    (`reward.txt`) or JSON with a numeric "reward" field (`reward.json`); None if neither."""
+    (`reward.txt`) or a JSON object of named rewards (`reward.json`): its "reward" entry, or
+    its only entry; None if neither is a number."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     try:
@@ -190,7 +191,7 @@ def parse_reward_value(text: str | bytes) -> float | None:
     except ValueError:
         return None
     if isinstance(value, Mapping):
-        value = value.get("reward")
+        value = value.get("reward", next(iter(value.values())) if len(value) == 1 else None)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     return None

@@ -42,7 +42,7 @@ from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.curriculum import Curriculum
 from terminal_rsi.rpr.update import grouped_forward, minibatch_rows, ppo_update, update_widths
 from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import open_task_sandbox, pool_tasks
+from terminal_rsi.tasks import pool_tasks, task_sandbox_factory
 from terminal_rsi.train_state import TrainState
 
 PACKED_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones",
@@ -164,9 +164,7 @@ def scheduler(phase: Phase, state: PhaseState, seed: int, oversample: float):
     pol = SamplerPolicy(phase.sampler, state.actor.params, phase.tokenizer, seed=seed,
                         version=state.version)
     harness = HarnessConfig.from_config(c.harness, verify_backend=c.tasks.backend)
-
-    def sandbox(task):
-        return open_task_sandbox(task, c.tasks.backend, allow_plain=c.tasks.allow_plain_sandbox)
+    sandbox = task_sandbox_factory(c.tasks)
 
     # rollout.progress forces the rollout bar; else it shows only on a terminal
     return RolloutScheduler(pol, harness, sandbox, SchedulerConfig(

@@ -31,7 +31,7 @@ from terminal_rsi.models.loading import initial_actor_params
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import open_task_sandbox
+from terminal_rsi.tasks import task_sandbox_factory
 from terminal_rsi.train_state import OptimizerConfig, create_train_state, make_optimizer
 
 SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
@@ -49,14 +49,8 @@ def harness_from_config(config, **overrides):
 
 
 def task_sandbox(config):
-    """The sandbox factory of a stage's episodes: `config.tasks.backend`, falling back to
-    plain subprocesses only where `config.tasks.allow_plain_sandbox` allows it."""
-    backend, allow_plain = config.tasks.backend, config.tasks.allow_plain_sandbox
-
-    def factory(task):
-        return open_task_sandbox(task, backend, allow_plain=allow_plain)
-
-    return factory
+    """The sandbox factory of a stage's episodes (`task_sandbox_factory` of `config.tasks`)."""
+    return task_sandbox_factory(config.tasks)
 
 
 def demo_action(task, turn: int, style: str = "compact", terminal: str = "exec") -> str:

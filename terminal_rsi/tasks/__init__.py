@@ -12,6 +12,7 @@ from terminal_rsi.tasks.harbor import load_harbor_task, load_task_dir, load_task
 from terminal_rsi.tasks.registry import SPLITS, get_suite, pool_tasks
 from terminal_rsi.tasks.spec import (
     Environment,
+    EnvironmentBuildFailed,
     EnvironmentUnavailable,
     Metadata,
     Task,
@@ -25,15 +26,19 @@ from terminal_rsi.tasks.verify import (
     VerifierError,
     ctrf_document,
     open_task_sandbox,
+    run_oracle,
     run_reference,
     run_solution,
+    task_sandbox_factory,
     verify,
 )
 
 __all__ = [
-    "SPLITS", "CheckResult", "Environment", "EnvironmentUnavailable", "Metadata", "Task",
+    "SPLITS", "CheckResult", "Environment", "EnvironmentBuildFailed", "EnvironmentUnavailable",
+    "Metadata", "Task",
     "TaskFormatError", "VerificationResult", "VerifierError", "VerifierSpec", "ctrf_document",
     "get_suite",
     "pool_tasks", "load_harbor_task", "load_task_dir", "load_task_dirs",
-    "load_terminal_bench_task", "open_task_sandbox", "run_reference", "run_solution", "verify",
+    "load_terminal_bench_task", "open_task_sandbox", "run_oracle", "run_reference",
+    "run_solution", "task_sandbox_factory", "verify",
 ]

@@ -2,7 +2,12 @@
 protected verifier.
 
 A task passes when its reference solution is strictly successful (S = 1, P = N) and N equals
-the task's expected check count (if it declares one). `check_task` checks one task and returns
+the task's expected check count (if it declares one). Every task gets one of `VERDICTS`:
+PASS, FAIL (the verdict says no; the reason names it, with the reference solution's exit
+status and output tail when it failed), UNAVAILABLE (this machine or backend cannot provide
+the environment: a base image or the engine missing, paths a local sandbox cannot honour)
+or ERROR (the task is broken: it does not load, its image does not build, its verifier
+crashes). One task never stops the run. `check_task` checks one task and returns
 a row of the pass/fail table; `load_tasks` gives the tasks to check (a task directory that
 fails to load is an entry of its own, `format_error_row` makes its row). The experiment
 "verify_tasks" (`terminal_rsi.experiments.verify_tasks`) runs them over a suite, prints the
@@ -14,10 +19,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from terminal_rsi.tasks.harbor import find_task_dirs, load_task_dir
 from terminal_rsi.tasks.registry import get_suite
-from terminal_rsi.tasks.spec import EnvironmentUnavailable, Task, TaskFormatError
+from terminal_rsi.tasks.spec import (
+    EnvironmentBuildFailed,
+    EnvironmentUnavailable,
+    Task,
+    TaskFormatError,
+)
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, run_solution, verify
 
 
@@ -42,39 +53,85 @@ def load_tasks(source: str, split: str, *, n_per_family: int = 1,
     return out
 
 
+VERDICTS = ("PASS", "FAIL", "UNAVAILABLE", "ERROR")
+
+
 def format_error_row(task_dir: str, e: TaskFormatError) -> dict:
-    """The table row of a task directory that failed to load."""
+    """The table row of a task directory that failed to load (verdict ERROR)."""
     return {"task": os.path.basename(os.path.normpath(task_dir)) or e.file, "family": "-",
-            "format": "-", "turns": "-", "expected": None, "verdict": "FORMAT ERROR",
-            "why": str(e), "seconds": 0.0}
+            "format": "-", "turns": "-", "expected": None, "verdict": "ERROR",
+            "why": f"task format: {e}", "seconds": 0.0}
+
+
+def solution_problem(task: Task, results: list[list[Any]]) -> str:
+    """What went wrong running the reference solution, in words ("" when nothing did): the
+    oracle's (or last command's) exit status and the tail of its output, or that it did not
+    finish within the agent's timeout."""
+    last = results[-1][-1] if results and results[-1] else None
+    if last is None:
+        return ""
+    code = getattr(last, "exit_code", None)
+    text = getattr(last, "text", None)
+    text = (last.stdout + last.stderr) if text is None else text
+    tail = " ".join(text.strip()[-600:].split())
+    if getattr(last, "done", True) is False or getattr(last, "timed_out", False):
+        return (f"the reference solution did not finish within {task.agent_timeout_s:g} s: "
+                f"...{tail}")
+    if code not in (0, None):
+        return f"the reference solution exited {code}: ...{tail}"
+    return ""
 
 
 def check_task(task: Task, backend: str = "local", *, allow_plain: str = "never",
-               mode: str | None = None, pytest_runtime: str = "auto") -> dict:
+               allow_network: bool = False, mode: str | None = None,
+               pytest_runtime: str = "auto") -> dict:
     """Run one task's reference solution and verifier in a `backend` sandbox; a row of the
-    table. `allow_plain`: the plain-subprocess policy of `open_task_sandbox`; `mode`: verifier
-    mode override (None: the task's own); `pytest_runtime`: as `verify` takes it."""
+    table with a verdict of `VERDICTS` and why. Never raises for the task's sake: a task
+    whose environment cannot be provided here is UNAVAILABLE, one that is broken (its image
+    does not build, its verifier crashes, anything unexpected) is ERROR.
+
+    `allow_plain`: the plain-subprocess policy of `open_task_sandbox`; `allow_network`: a
+    task that asks for network gets it (else it runs offline, and a failure says so);
+    `mode`: verifier mode override (None: the task's own); `pytest_runtime`: as `verify`."""
     row = {"task": task.id, "family": task.family, "format": task.format, "turns": task.turns,
-           "expected": task.expected_checks}
+           "expected": task.expected_checks, "warnings": list(task.warnings)}
     t0 = time.monotonic()
     try:
-        if not task.solution:
+        if not task.solution and task.oracle is None:
             raise EnvironmentUnavailable("the task has no reference solution")
-        with open_task_sandbox(task, backend, allow_plain=allow_plain) as sb:
-            run_solution(task, sb)
-            res = verify(task, sb, backend=backend, mode=mode, pytest_runtime=pytest_runtime)
-        rep = res.report
-        ok = rep.S == 1 and rep.valid and rep.P == rep.N and (
-            task.expected_checks is None or rep.N == task.expected_checks)
-        why = "" if ok else ("S=0" if not rep.S else rep.reason or
-                             (f"N={rep.N} != expected {task.expected_checks}"
-                              if rep.N != task.expected_checks else "P<N"))
-        row.update(verdict="PASS" if ok else "FAIL", S=rep.S, P=rep.P, N=rep.N, why=why,
-                   reward=res.reward, report=rep.to_dict(), mode=res.mode)
+        with open_task_sandbox(task, backend, allow_plain=allow_plain,
+                               allow_network=allow_network) as sb:
+            solution = solution_problem(task, run_solution(task, sb))
+            res = verify(task, sb, backend=backend, mode=mode, pytest_runtime=pytest_runtime,
+                         allow_network=allow_network)
+        row.update(_verdict_row(task, res, solution, allow_network))
     except EnvironmentUnavailable as e:
         row.update(verdict="UNAVAILABLE", why=str(e))
+    except EnvironmentBuildFailed as e:
+        row.update(verdict="ERROR", why=str(e))
     except VerifierError as e:
-        row.update(verdict=f"VERIFIER {e.kind.upper()}", why=str(e))
+        row.update(verdict="ERROR", why=str(e))
+    except Exception as e:  # noqa: BLE001 - one task never stops the run
+        row.update(verdict="ERROR", why=f"{type(e).__name__}: {e}")
     row["seconds"] = round(time.monotonic() - t0, 3)
     return row
 
+
+def _verdict_row(task: Task, res, solution: str, allow_network: bool) -> dict:
+    rep = res.report
+    if res.reward is not None and "ctrf.json" not in res.artifacts:
+        # Harbor's verdict is the reward alone; P and N only come with a CTRF report
+        ok = rep.S == 1 and task.expected_checks is None
+    else:
+        ok = rep.S == 1 and rep.valid and rep.P == rep.N and (
+            task.expected_checks is None or rep.N == task.expected_checks)
+    why = "" if ok else ("S=0" if not rep.S else rep.reason or
+                         (f"N={rep.N} != expected {task.expected_checks}"
+                          if rep.N != task.expected_checks else "P<N"))
+    notes = [solution] if solution else []
+    if not ok and task.environment.network and not allow_network:
+        notes.append("the task asks for network access, which this run denies "
+                     "(tasks.allow_network=False)")
+    return dict(verdict="PASS" if ok else "FAIL", S=rep.S, P=rep.P, N=rep.N,
+                why="; ".join([why, *notes] if why else notes), reward=res.reward,
+                report=rep.to_dict(), mode=res.mode)

@@ -83,8 +83,14 @@ class TaskFormatError(ValueError):
 
 
 class EnvironmentUnavailable(RuntimeError):
-    """The task's environment needs something this machine cannot provide (an image that
-    cannot be built or pulled here, a multi-container compose setup, ...)."""
+    """The task's environment needs something this machine cannot provide (a base image
+    that is not present and cannot be pulled here, a backend that cannot honour the task's
+    paths, no Docker engine, ...). Not the task's fault: it may run elsewhere."""
+
+
+class EnvironmentBuildFailed(RuntimeError):
+    """The task's own environment does not build (its Dockerfile fails on the engine, or the
+    build runs past the task's build timeout): the task is broken, not the machine."""
 
 
 class FrozenMap(Mapping):
@@ -185,13 +191,15 @@ class Environment:
       compose_file: path of a docker-compose file, if the task declares one.
       files: workspace-relative path -> bytes, seeded into the workspace at start.
       modes: workspace-relative path -> file mode for seeded files that need one (e.g. 0o755).
-      workdir: the working directory the task's own files assume (e.g. "/app"); the
-        sandbox's workspace stands in for it.
+      workdir: the working directory the task sets at run time (compose working_dir, Harbor
+        [environment] workdir); None: the image's WORKDIR.
       cpus, memory_mb, storage_mb, network: resource requests (None: sandbox defaults).
       base_image: the Dockerfile's FROM image.
       setup: shell commands run in the workspace before the agent starts (a Dockerfile's
         RUN lines when the environment is reproduced in a local sandbox).
-      env: environment variables for the agent's commands (a Dockerfile's ENV lines).
+      env: environment variables the task sets for the agent's commands at run time (compose
+        `environment`, Harbor's [environment] env; a built-in task's own), on top of the
+        image's.
       unsupported: Dockerfile steps a local sandbox cannot reproduce (reported plainly).
       context: the build context directory of `dockerfile` (None: the Dockerfile's directory).
       build_timeout_s: wall-clock limit of building the image (None: the builder's default).

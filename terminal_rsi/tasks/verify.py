@@ -38,6 +38,8 @@ import io
 import json
 import os
 import posixpath
+import re
+import shlex
 import tarfile
 import tempfile
 import time
@@ -63,10 +65,13 @@ from terminal_rsi.sandbox import (
     open_sandbox,
 )
 from terminal_rsi.sandbox import image as image_mod
+from terminal_rsi.sandbox.base import files_to_tar
 from terminal_rsi.sandbox.terminal import session_keystrokes
 from terminal_rsi.tasks.spec import (
     SESSION_SOLUTION_WAIT_S,
     TERMINAL_TAG,
+    VERIFIER_LOGS_DIR,
+    EnvironmentBuildFailed,
     EnvironmentUnavailable,
     Task,
 )
@@ -134,82 +139,89 @@ class VerificationResult:
 # ----------------------------------------------------------------------------- sandboxes
 
 DEFAULT_BACKEND = "local"
+# Where the host's pytest runtime goes in a task's own container (kind "pytest" with
+# absolute test paths, when the image's python lacks pytest or the CTRF plugin).
+TASK_PYTEST_RUNTIME_DIR = "/tmp/.trsi_pytest_runtime"
 
 
-def _spec_for(task: Task, image: str | None):
+def in_task_image(task: Task) -> bool:
+    """Whether `task` runs in its own image with its paths as written (the Terminal-Bench and
+    Harbor layout: WORKDIR, /tests, /logs/verifier, /solution), not in the workspace layout
+    of the built-in tasks."""
+    return bool(task.verifier.tests_dir) or task.oracle is not None
+
+
+def backend_problem(task: Task, backend: str) -> str | None:
+    """Why `task` cannot run honestly on `backend` (None: it can)."""
     env = task.environment
-    kw: dict[str, Any] = {"env": dict(env.env), "network": bool(env.network)}
+    where = f"task {task.id}"
+    if env.multi_container:
+        return (f"{where}: its environment is a {len(env.services)}-service docker compose "
+                f"setup ({', '.join(env.services)}); multi-container environments are not "
+                "run yet (a single-service compose file runs as that service's container)")
+    remote = backend.startswith(("http://", "https://"))
+    if backend == "docker":
+        return None
+    if in_task_image(task):
+        return (f"{where}: its files and tests use the paths the task wrote "
+                f"({env.workdir or 'its WORKDIR'}, {task.verifier.tests_dir or 'its oracle dir'})"
+                f" in its own image; the {'bridge' if remote else 'local'} backend cannot "
+                "provide them. Use backend='docker'")
+    if env.image and env.dockerfile is None:
+        return (f"{where}: its environment is the image {env.image!r}; local sandboxes run "
+                "on the host's userland and cannot provide it. Use backend='docker' on a host "
+                "that has the image")
+    if env.unsupported:
+        return (f"{where}: its Dockerfile has steps a local sandbox cannot reproduce: "
+                + "; ".join(env.unsupported) + ". Use backend='docker'")
+    return None
+
+
+def _spec_for(task: Task, image: str | None, *, allow_network: bool = True):
+    env = task.environment
+    kw: dict[str, Any] = {"env": dict(env.env), "network": bool(env.network and allow_network)}
     if image:
         kw["image"] = image
+    if in_task_image(task):
+        kw["profile"] = "image"
+        kw["workdir"] = env.workdir or ""
     if env.memory_mb:
         kw["memory_mb"] = int(env.memory_mb)
     if env.storage_mb:
-        kw["disk_mb"] = int(min(env.storage_mb, 4096))
+        kw["disk_mb"] = int(env.storage_mb)
     if env.cpus:
         kw["cpus"] = float(env.cpus)
     return SandboxSpec(**kw)
 
 
-_image_cache: dict[tuple[str, str], str] = {}
-
-
-def task_image(task: Task, backend: str) -> str | None:
+def task_image(task: Task, backend: str, *, allow_network: bool = False) -> str | None:
     """The image a task runs in on `backend` (None: the backend's default).
 
-    Docker: a task Dockerfile is built offline on top of the default sandbox image; an image
-    that is neither present nor buildable here raises EnvironmentUnavailable. Local
-    backends have no images: the workspace files and the Dockerfile's RUN steps are
-    reproduced on the host userland instead (see `open_task_sandbox`).
+    Docker: the task's own Dockerfile is built by the engine (BuildKit: multi-stage builds,
+    heredocs, ENV expansion are its job), cached by the build context's content
+    (`image.build_context_image`), offline unless the task asks for network and
+    `allow_network`, within the task's build timeout; a named image must be present.
+    Raises EnvironmentUnavailable (a base image or the engine missing) or
+    EnvironmentBuildFailed (the Dockerfile fails or times out). Local backends have no
+    images: built-in tasks reproduce their Dockerfile's steps on the host userland.
     """
     env = task.environment
     if backend != "docker":
         return None
-    if env.dockerfile is None:
-        if env.image:
-            _require_image(task, env.image)
-        return env.image
-    key = (env.dockerfile, str(os.path.getmtime(env.dockerfile)))
-    if key in _image_cache:
-        return _image_cache[key]
-    base = env.base_image or ""
-    tag = "trsi-task-" + "".join(c if c.isalnum() else "-" for c in task.id.lower())[:60] \
-        + ":latest"
     try:
-        import docker
-
-        client = docker.from_env(timeout=30)
-        if base != image_mod.DEFAULT_IMAGE:
-            try:
-                client.images.get(base)
-            except docker.errors.ImageNotFound:
-                raise EnvironmentUnavailable(
-                    f"task {task.id}: its Dockerfile starts FROM {base!r}, which is not "
-                    "present on this Docker engine and cannot be pulled here (no registry "
-                    f"access). Build or load {base!r} first, or base the task on "
-                    f"{image_mod.DEFAULT_IMAGE}") from None
-        image_mod.build_task_image(os.path.dirname(env.dockerfile), tag,
-                                   dockerfile=os.path.basename(env.dockerfile))
-    except EnvironmentUnavailable:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise EnvironmentUnavailable(
-            f"task {task.id}: its environment image cannot be built here: {e}") from e
-    _image_cache[key] = tag
-    return tag
-
-
-def _require_image(task: Task, tag: str) -> None:
-    import docker
-
-    try:
-        docker.from_env(timeout=30).images.get(tag)
-    except docker.errors.ImageNotFound:
-        raise EnvironmentUnavailable(
-            f"task {task.id}: its environment is the image {tag!r}, which is not present on "
-            "this Docker engine and cannot be pulled here (no registry access); load it with "
-            "`docker load` first") from None
-    except docker.errors.DockerException:
-        pass  # engine problems surface as InfrastructureError when the sandbox starts
+        if env.dockerfile is None:
+            if env.image and not image_mod.image_present(env.image):
+                raise image_mod.BaseImageMissing(env.image)
+            return env.image
+        context = env.context or os.path.dirname(env.dockerfile)
+        return image_mod.build_context_image(
+            context, env.dockerfile, network=bool(env.network and allow_network),
+            timeout_s=env.build_timeout_s)
+    except (image_mod.BaseImageMissing, image_mod.EngineUnavailable) as e:
+        raise EnvironmentUnavailable(f"task {task.id}: {e}") from e
+    except (image_mod.BuildFailed, image_mod.BuildTimeout) as e:
+        raise EnvironmentBuildFailed(f"task {task.id}: its environment does not build: {e}"
+                                     ) from e
 
 
 def plain_allowed(task: Task, allow_plain: bool | str) -> bool:
@@ -241,42 +253,39 @@ def check_plain_allowed(task: Task, backend: str, allow_plain: bool | str) -> No
 
 
 def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
-                      allow_plain: bool | str = False, **sandbox_kwargs):
-    """Start the agent's sandbox for `task`: seeded workspace, environment setup done.
+                      allow_plain: bool | str = False, allow_network: bool = False,
+                      **sandbox_kwargs):
+    """Start the agent's sandbox for `task`, ready for the agent.
+
+    A Terminal-Bench or Harbor task (`in_task_image`) runs on Docker in its own image, as its
+    own tools run it (profile "image": the image's user, WORKDIR and environment, a writable
+    root filesystem, our limits). A built-in task gets the workspace layout: its files
+    seeded into the workspace, its Dockerfile's RUN steps replayed on local backends.
 
     ``allow_plain`` (a policy from `PLAIN_POLICIES`, or a bool) says whether this task may
     run as plain subprocesses: backend ``local`` falling back where bubblewrap is unusable,
-    or ``local-plain`` named for a task from disk (`plain_allowed`).
+    or ``local-plain`` named for a task from disk (`plain_allowed`). ``allow_network``: a task
+    that asks for network gets it only if this is set (else it runs offline).
 
-    Raises EnvironmentUnavailable (plainly worded) if the environment cannot be
-    reproduced on this backend: a docker-compose setup, Dockerfile steps a local sandbox
-    cannot do, a RUN step that fails on the local host userland, or an image that is
-    neither present nor buildable; BadRequest if plain mode is needed and not allowed.
+    Raises EnvironmentUnavailable (plainly worded) when the environment cannot be provided
+    on this backend (`backend_problem`, a missing base image or engine, a RUN step that fails
+    on the local host userland), EnvironmentBuildFailed when the task's Dockerfile does not
+    build, BadRequest if plain mode is needed and not allowed.
     """
-    env = task.environment
-    if env.compose_file:
-        raise EnvironmentUnavailable(
-            f"task {task.id}: its environment is a docker-compose setup ({env.compose_file}); "
-            "multi-container environments are not supported by terminal_rsi sandboxes")
-    image = task_image(task, backend)
-    local = backend != "docker" and not backend.startswith(("http://", "https://"))
-    if local and env.image and env.dockerfile is None:
-        raise EnvironmentUnavailable(
-            f"task {task.id}: its environment is the image {env.image!r}; local sandboxes "
-            "run on the host's userland and cannot provide it. Use backend='docker' on a "
-            "host that has the image")
-    if local and env.unsupported:
-        raise EnvironmentUnavailable(
-            f"task {task.id}: its Dockerfile has steps a local sandbox cannot reproduce: "
-            + "; ".join(env.unsupported) + ". Use backend='docker'")
+    problem = backend_problem(task, backend)
+    if problem:
+        raise EnvironmentUnavailable(problem)
+    image = task_image(task, backend, allow_network=allow_network)
     check_plain_allowed(task, backend, allow_plain)
-    sb = open_sandbox(_spec_for(task, image), backend=backend,
-                      allow_plain=plain_allowed(task, allow_plain), **sandbox_kwargs)
+    spec = _spec_for(task, image, allow_network=allow_network)
+    sb = open_sandbox(spec, backend=backend, allow_plain=plain_allowed(task, allow_plain),
+                      **sandbox_kwargs)
+    if in_task_image(task):
+        return sb  # the image holds the task's files where its Dockerfile put them
     try:
-        # The workspace stands in for WORKDIR on every backend: COPY'd files are seeded into
-        # it (on Docker they also stay where the image build put them).
+        env = task.environment
         seed_files(sb, env.files, env.modes)
-        if local:
+        if backend != "docker" and not backend.startswith(("http://", "https://")):
             for cmd in env.setup:
                 r = sb.exec(cmd, timeout=max(60.0, task.agent_timeout_s))
                 if not r.ok:
@@ -290,6 +299,17 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
     return sb
 
 
+def task_sandbox_factory(tasks) -> Callable[[Task], Any]:
+    """`open_task_sandbox` with the settings of a config's `tasks` section (`backend`,
+    `allow_plain_sandbox`, `allow_network`): the sandbox factory of a stage's episodes."""
+
+    def factory(task: Task):
+        return open_task_sandbox(task, tasks.backend, allow_plain=tasks.allow_plain_sandbox,
+                                 allow_network=tasks.allow_network)
+
+    return factory
+
+
 def seed_files(sb, files: Mapping[str, bytes], modes: Mapping[str, int] | None = None) -> None:
     """Put files into a sandbox workspace, with per-file modes (default 0o644)."""
     modes = modes or {}
@@ -301,11 +321,15 @@ def seed_files(sb, files: Mapping[str, bytes], modes: Mapping[str, int] | None =
 
 
 def run_solution(task: Task, sb, *, timeout: float | None = None) -> list[list[Any]]:
-    """Run the reference solution turn by turn; returns the results per turn. A task that
-    needs a terminal (tag "terminal") types it into the sandbox's terminal session (opened
-    here and left open for the verifier; each command waits up to
-    `SESSION_SOLUTION_WAIT_S`: `SessionOutput`s); any other runs each command by exec
-    (`ExecResult`s)."""
+    """Run the reference solution; returns the results per turn.
+
+    A task with an `Oracle` (Terminal-Bench's solution.sh, Harbor's solution/) runs as its
+    own tools run it: `run_oracle` (one `SessionOutput`). A task that needs a terminal (tag
+    "terminal") types its commands into the sandbox's terminal session (opened here and left
+    open for the verifier; each command waits up to `SESSION_SOLUTION_WAIT_S`:
+    `SessionOutput`s); any other runs each command by exec (`ExecResult`s)."""
+    if task.oracle is not None:
+        return [[run_oracle(task, sb, timeout=timeout)]]
     term = sb.open_session() if TERMINAL_TAG in task.metadata.tags else None
     out = []
     for turn in task.solution:
@@ -318,6 +342,20 @@ def run_solution(task: Task, sb, *, timeout: float | None = None) -> list[list[A
                 results.append(sb.exec(cmd, timeout=timeout or task.agent_timeout_s))
         out.append(results)
     return out
+
+
+def run_oracle(task: Task, sb, *, timeout: float | None = None):
+    """The task's oracle as its own tools run it: its files placed at their absolute
+    directory, then its command typed into the sandbox's terminal session (opened here and
+    left open, so what the solution starts keeps running for the verifier), with the
+    oracle's environment, waiting up to `timeout` (default: the agent's timeout) for it to
+    finish. Returns the `SessionOutput` (``exit_code``: the command's status; ``done``
+    False: it did not finish in time)."""
+    oracle = task.oracle
+    sb.put_tar(files_to_tar(dict(oracle.files), mode=0o755), dest=oracle.dir)
+    term = sb.open_session()
+    assignments = "".join(f"{k}={shlex.quote(v)} " for k, v in oracle.env.items())
+    return term.run(f"{assignments}{oracle.command}\n", timeout or task.agent_timeout_s)
 
 
 # ----------------------------------------------------------------------------- artifacts
@@ -498,12 +536,12 @@ _PROBE = ("python3 -c 'import importlib.metadata as m, sys; "
           "import pytest; sys.exit(0 if v >= (0, 6) else 1)'")
 
 
-def _needs_runtime(sb, backend: str, image: str | None, policy: str) -> bool:
+def _needs_runtime(sb, backend: str, policy: str) -> bool:
     if policy == "inject":
         return True
     if policy == "sandbox":
         return False
-    key = (backend, image or "")
+    key = (backend, getattr(getattr(sb, "spec", None), "image", "") or "")
     if key not in _probe_cache:
         _probe_cache[key] = not sb.exec(_PROBE, timeout=30).ok
     return _probe_cache[key]
@@ -569,6 +607,7 @@ def verify(
     pytest_runtime: str = "auto",
     sandbox_kwargs: Mapping[str, Any] | None = None,
     allow_plain: bool | str | None = None,
+    allow_network: bool = False,
 ) -> VerificationResult:
     """Run task's protected verifier on the finished agent sandbox `sb`.
 
@@ -583,6 +622,8 @@ def verify(
       sandbox_kwargs: extra arguments for the verifier sandbox (e.g. base_dir).
       allow_plain: the plain-mode policy for a fresh local verifier sandbox (see
         `plain_allowed`; None: plain if and only if the agent's sandbox `sb` is plain).
+      allow_network: a fresh verifier sandbox gets network if the task asks for it and this
+        is set.
 
     Returns:
       A VerificationResult whose report came through `parse_ctrf`.
@@ -603,27 +644,33 @@ def verify(
     allow_plain = (getattr(sb, "mode", None) == "plain" if allow_plain is None
                    else plain_allowed(task, allow_plain))
     try:
-        artifacts = collect_artifacts(task, sb)
-        image = task_image(task, backend)
+        artifacts = None
 
         def verifier_sandbox():
-            nonlocal owned
+            nonlocal owned, artifacts
             if mode == "shared":
                 return sb
             if owned is None:
-                owned = open_sandbox(_spec_for(task, image), backend=backend,
-                                     allow_plain=allow_plain, **sandbox_kwargs)
+                artifacts = collect_artifacts(task, sb) if artifacts is None else artifacts
+                image = task_image(task, backend, allow_network=allow_network)
+                owned = open_sandbox(_spec_for(task, image, allow_network=allow_network),
+                                     backend=backend, allow_plain=allow_plain,
+                                     **sandbox_kwargs)
                 _place(owned.put_tar, artifacts, "the agent's workspace")
             return owned
 
         if ver.kind == "builtin":
             # Checks read the artifacts directly; a sandbox is started only for commands.
+            artifacts = collect_artifacts(task, sb)
             result = _verify_builtin(task, verifier_sandbox, artifacts, hygiene)
+        elif ver.tests_dir:
+            result = _verify_in_task_paths(task, verifier_sandbox(), backend, hygiene,
+                                           pytest_runtime)
         else:
             vsb = verifier_sandbox()
             if mode == "shared":
                 vsb.exec(f"rm -rf ./{VERIFIER_DIR_PREFIX}*", timeout=30)
-            result = _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir,
+            result = _verify_command(task, vsb, backend, vdir, test_dir, logs_dir,
                                      hygiene, pytest_runtime)
         return dataclasses.replace(result, mode=mode, duration_s=time.monotonic() - t0)
     except ArtifactsRefused as e:  # the agent's doing: a failing verdict
@@ -636,7 +683,9 @@ def verify(
     finally:
         if owned is not None:
             owned.close()
-        elif mode == "shared" and ver.kind != "builtin":  # a builtin check places nothing
+        elif mode == "shared" and ver.kind != "builtin" and not ver.tests_dir:
+            # (a builtin check places nothing; tests at the task's own path stay, as its
+            # own tools leave them)
             try:
                 sb.exec(f"rm -rf ./{vdir}", timeout=30)
             except SandboxError:
@@ -689,8 +738,14 @@ def _read(vsb, path: str) -> bytes | None:
         return None
 
 
-def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene,
-                    pytest_runtime):
+_PYTEST_CMD = ('python3 -P -m pytest -q -rA -p no:cacheprovider -c "$TRSI_PYTEST_INI" '
+               '--rootdir="$TEST_DIR" --confcutdir="$TEST_DIR" '
+               '--ctrf "$TRSI_LOGS_DIR/ctrf.json" {args} "$TEST_DIR"')
+
+
+def _verify_command(task, vsb, backend, vdir, test_dir, logs_dir, hygiene, pytest_runtime):
+    """The workspace layout: tests in a fresh `.trsi_verifier_<hex>/tests` ($TEST_DIR), logs
+    and reports in `$TRSI_LOGS_DIR` beside it."""
     ver = task.verifier
     files = {f"{test_dir}/{p}": d for p, d in ver.files.items()}
     files[f"{logs_dir}/.keep"] = b""
@@ -700,33 +755,66 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
     ini = f"{test_dir}/pytest.ini" if "pytest.ini" in ver.files else f"{vdir}/pytest.ini"
     files.setdefault(ini, b"[pytest]\n")
     _place(lambda f: vsb.put_files(f, mode=0o755), files, "the verifier's tests")
-    pythonpath = ""
-    # Script verifiers (Harbor's test.sh) usually run pytest too: same runtime rule.
-    if _needs_runtime(vsb, backend, image, pytest_runtime):
-        _place(lambda t: vsb.put_tar(t, dest=f"{vdir}/pylib"), pytest_runtime_tar(),
-               "the verifier's pytest runtime")
-        pythonpath = f"{vsb.workdir}/{vdir}/pylib"
-    if ver.kind == "pytest":
-        command = (f'python3 -P -m pytest -q -p no:cacheprovider -c "$TRSI_PYTEST_INI" '
-                   f'--rootdir="$TEST_DIR" --confcutdir="$TEST_DIR" '
-                   f'--ctrf "$TRSI_LOGS_DIR/ctrf.json" {ver.command} "$TEST_DIR"')
-    else:
-        command = ver.command
     env = {"TEST_DIR": f"{vsb.workdir}/{test_dir}", "TRSI_LOGS_DIR": f"{vsb.workdir}/{logs_dir}",
            "TRSI_WORKSPACE": vsb.workdir, "PYTHONDONTWRITEBYTECODE": "1",
            "TRSI_PYTEST_INI": f"{vsb.workdir}/{ini}", **dict(ver.env)}
+    # Script verifiers (Harbor's test.sh) usually run pytest too: same runtime rule.
+    if _needs_runtime(vsb, backend, pytest_runtime):
+        _place(lambda t: vsb.put_tar(t, dest=f"{vdir}/pylib"), pytest_runtime_tar(),
+               "the verifier's pytest runtime")
+        env["PYTHONPATH"] = f"{vsb.workdir}/{vdir}/pylib"
     if ver.kind != "pytest":  # a script's own pytest run: the same configuration rule
         env.setdefault("PYTEST_ADDOPTS", f"-c {vsb.workdir}/{ini}")
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    command = _PYTEST_CMD.format(args=ver.command) if ver.kind == "pytest" else ver.command
+    return _run_verifier(task, vsb, command, env, lambda name: _read(vsb, f"{logs_dir}/{name}"),
+                         hygiene)
+
+
+def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
+    """The task's own layout (Terminal-Bench, Harbor): the tests go to `tests_dir` (/tests),
+    an empty `VERIFIER_LOGS_DIR` (/logs/verifier) is made, and the verifier command runs in
+    the task's working directory with the verifier's environment; nothing is rewritten.
+    Whatever the agent left at those paths is removed first."""
+    ver = task.verifier
+    tests = ver.tests_dir.rstrip("/") or "/"
+    clear = vsb.exec(f"rm -rf -- {shlex.quote(tests)} {shlex.quote(VERIFIER_LOGS_DIR)}",
+                     timeout=60)
+    if not clear.ok:
+        raise ArtifactsRefused(f"the agent's {tests} or {VERIFIER_LOGS_DIR} cannot be removed "
+                               f"before verification: {clear.stderr.strip()[-300:]}")
+    files = dict(ver.files)
+    if ver.kind == "pytest":  # its configuration: the tests' own pytest.ini or an empty one
+        files.setdefault("pytest.ini", b"[pytest]\n")
+    _place(lambda t: vsb.put_tar(t, dest=tests), files_to_tar(files, mode=0o755),
+           "the verifier's tests")
+    _place(lambda t: vsb.put_tar(t, dest=VERIFIER_LOGS_DIR), files_to_tar({".keep": b""}),
+           "the verifier's log directory")
+    env = dict(ver.env)
+    command = ver.command
+    if ver.kind == "pytest":
+        env = {"TEST_DIR": tests, "TRSI_LOGS_DIR": VERIFIER_LOGS_DIR,
+               "TRSI_PYTEST_INI": f"{tests}/pytest.ini",
+               "PYTHONDONTWRITEBYTECODE": "1", **env}
+        if _needs_runtime(vsb, backend, pytest_runtime):
+            _place(lambda t: vsb.put_tar(t, dest=TASK_PYTEST_RUNTIME_DIR), pytest_runtime_tar(),
+                   "the verifier's pytest runtime")
+            env["PYTHONPATH"] = TASK_PYTEST_RUNTIME_DIR
+        command = _PYTEST_CMD.format(args=ver.command)
+    return _run_verifier(task, vsb, command, env,
+                         lambda name: _read(vsb, f"{VERIFIER_LOGS_DIR}/{name}"), hygiene)
+
+
+def _run_verifier(task, vsb, command, env, read_log, hygiene) -> VerificationResult:
+    """Run the verifier command and turn what it left into a verdict (`_verdict`)."""
+    ver = task.verifier
     r = vsb.exec(command, timeout=ver.timeout_s, env=env)
     arts = {"stdout.txt": _encode(r.stdout), "stderr.txt": _encode(r.stderr)}
-    ctrf_raw = _read(vsb, f"{logs_dir}/ctrf.json")
+    ctrf_raw = read_log("ctrf.json")
     if ctrf_raw is not None:
         arts["ctrf.json"] = ctrf_raw
     reward_raw = None
-    for name in ("reward.txt", "reward.json"):
-        raw = _read(vsb, f"{logs_dir}/{name}")
+    for name in ("reward.json", "reward.txt"):  # Harbor reads reward.json first
+        raw = read_log(name)
         if raw is not None:
             arts[name] = raw
             reward_raw = (name, raw)
@@ -738,18 +826,36 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
     if r.exit_code < 0:
         raise VerifierError("crash", f"task {task.id}: the verifier was killed by signal "
                             f"{-r.exit_code}", arts)
+    return _verdict(task, r, ctrf_raw, reward_raw, arts, hygiene)
+
+
+def _verdict(task, r, ctrf_raw, reward_raw, arts, hygiene) -> VerificationResult:
+    """S from the verifier kind's own rule; P and N from the CTRF report (Terminal-Bench's:
+    made from pytest's -rA summary)."""
+    ver = task.verifier
+    tail = (r.stdout + r.stderr).strip()[-800:]
     reward = None
     if ver.kind == "pytest":
         if r.exit_code in PYTEST_CRASH_CODES or ctrf_raw is None:
             raise VerifierError("crash", f"task {task.id}: pytest exited {r.exit_code} "
                                 f"{'without a CTRF report' if ctrf_raw is None else ''}: "
-                                f"{(r.stdout + r.stderr).strip()[-800:]}", arts)
+                                f"{tail}", arts)
         terminal = success_from_exit_code(r.exit_code)
+    elif ver.kind == "terminal-bench":
+        results = pytest_summary_results(r.stdout + "\n" + r.stderr)
+        if results is None:
+            raise VerifierError("crash", f"task {task.id}: {ver.command!r} exited "
+                                f"{r.exit_code} without pytest's short test summary (-rA), "
+                                f"which is Terminal-Bench's verdict: {tail}", arts)
+        checks = [CheckResult(name, passed) for name, passed in results.items()]
+        terminal = all(results.values())  # Terminal-Bench: resolved iff every test passed
+        ctrf_raw = json.dumps(ctrf_document(checks, tool="pytest -rA")).encode()
+        arts = types.MappingProxyType({**arts, "ctrf.json": ctrf_raw})
     else:
         if reward_raw is None:
             raise VerifierError("crash", f"task {task.id}: the verifier script exited "
                                 f"{r.exit_code} without writing reward.txt or reward.json: "
-                                f"{(r.stdout + r.stderr).strip()[-800:]}", arts)
+                                f"{tail}", arts)
         reward = parse_reward_value(reward_raw[1])
         if reward is None:
             raise VerifierError("crash", f"task {task.id}: unreadable {reward_raw[0]}: "
@@ -765,6 +871,38 @@ def _verify_command(task, vsb, backend, image, vdir, test_dir, logs_dir, hygiene
                                             terminal_success=terminal)
     return VerificationResult(task.id, task.family, report, r.exit_code, reward, ctrf_obj,
                               arts, "", 0.0)
+
+
+# Terminal-Bench's pytest parser: the lines after pytest's "short test summary info" banner
+# (printed with -rA) read "STATUS path::test[ - message]"; PASSED, XFAIL and SKIPPED count as
+# passed, FAILED, XPASS and ERROR as failed, anything else is not a result.
+_SUMMARY_BANNER = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)
+_PASSING = ("PASSED", "XFAIL", "SKIPPED")
+_FAILING = ("FAILED", "XPASS", "ERROR")
+
+
+def pytest_summary_results(output: str) -> dict[str, bool] | None:
+    """{test name: passed} from pytest's -rA short test summary in `output`, read as
+    Terminal-Bench's `PytestParser` reads it (the test name is what follows the last `::`
+    of the node id's first part; a FAILED line's " - message" is dropped); None when the
+    output has no summary."""
+    parts = _SUMMARY_BANNER.split(output, maxsplit=1)
+    if len(parts) < 2:
+        return None
+    results: dict[str, bool] = {}
+    for line in parts[1].splitlines():
+        if line.startswith("FAILED") and " - " in line:
+            line = " - ".join(line.split(" - ")[:-1])
+        words = line.split(maxsplit=1)
+        if len(words) < 2:
+            continue
+        status = words[0].strip().strip(":")
+        if status not in _PASSING + _FAILING:
+            continue
+        name = words[1].strip().split("::", 1)[-1]
+        if name:
+            results[name] = status in _PASSING
+    return results
 
 
 def run_reference(task: Task, *, backend: str = DEFAULT_BACKEND,

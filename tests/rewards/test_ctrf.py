@@ -17,6 +17,7 @@ from terminal_rsi.rewards import (
     ReportError,
     VerificationReport,
     parse_ctrf,
+    parse_reward_value,
     success_from_exit_code,
     success_from_reward,
     success_from_reward_file,
@@ -239,6 +240,17 @@ def test_success_helpers(tmp_path):
     assert success_from_reward_file(tmp_path / "reward.json") is False
     assert success_from_reward_file(tmp_path / "bad.txt") is None
     assert success_from_reward_file(tmp_path / "missing.txt") is None
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1", 1.0), ("0.25\n", 0.25), ('{"reward": 1}', 1.0), ('{"accuracy": 0.5}', 0.5),
+    ('{"reward": 0, "accuracy": 1}', 0.0), ('{"a": 1, "b": 1}', None), ('{"reward": "1"}', None),
+    ("true", None), ("yes", None), ("[1]", None), ("", None)])
+def test_reward_value_as_harbor_writes_it(text, value):
+    """reward.txt is a number; reward.json an object of named rewards: its "reward" entry, or
+    its only entry (Harbor's verifier reads both shapes)."""
+    assert parse_reward_value(text) == value
+    assert parse_reward_value(text.encode()) == value
 
 
 # ---------------------------------------------------------------- hygiene

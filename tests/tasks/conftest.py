@@ -122,6 +122,37 @@ def harbor_files(**overrides):
     return {k: v for k, v in files.items() if v is not None}
 
 
+# The docker-compose.yaml every Terminal-Bench task ships (its task template): the agent's
+# service `client`, built from the task's Dockerfile, with the harness's log mounts.
+TB_COMPOSE = textwrap.dedent("""
+    services:
+      client:
+        build:
+          dockerfile: Dockerfile
+        image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}
+        container_name: ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}
+        command: [ "sh", "-c", "sleep infinity" ]
+        environment:
+          - TEST_DIR=${T_BENCH_TEST_DIR}
+        volumes:
+          - ${T_BENCH_TASK_LOGS_PATH}:${T_BENCH_CONTAINER_LOGS_PATH}
+          - ${T_BENCH_TASK_AGENT_LOGS_PATH}:${T_BENCH_CONTAINER_AGENT_LOGS_PATH}
+""").lstrip()
+
+
+def tb_compose(client_extra: str = "", rest: str = "") -> str:
+    """TB_COMPOSE with `client_extra` (YAML lines, indented for the client service) added to
+    the client and `rest` (YAML text at the top level or under services) appended."""
+    extra = textwrap.indent(textwrap.dedent(client_extra).strip("\n"), "    ")
+    return TB_COMPOSE + (extra + "\n" if extra else "") + textwrap.dedent(rest)
+
+
+def real_tb_files(**overrides):
+    """A Terminal-Bench task as Terminal-Bench's template writes it (tb_files plus the
+    template's docker-compose.yaml)."""
+    return tb_files(**{"docker-compose.yaml": TB_COMPOSE, **overrides})
+
+
 @pytest.fixture
 def tb_dir(tmp_path):
     return write(tmp_path / "tb-hello", tb_files())

@@ -7,15 +7,14 @@ import os
 import pytest
 
 from terminal_rsi.tasks import (
-    EnvironmentUnavailable,
     TaskFormatError,
     get_suite,
     load_harbor_task,
     load_task_dirs,
     load_terminal_bench_task,
-    open_task_sandbox,
 )
-from tests.tasks.conftest import harbor_files, tb_files, write
+from terminal_rsi.tasks.spec import TESTS_DIR
+from tests.tasks.conftest import TB_COMPOSE, harbor_files, tb_files, write
 
 
 def test_terminal_bench_fields(tb_dir):
@@ -23,8 +22,11 @@ def test_terminal_bench_fields(tb_dir):
     assert t.format == "terminal-bench" and t.id == "tb-hello"
     assert t.instruction.startswith('Write "hello <name>"')
     assert t.agent_timeout_s == 120 and t.verifier.timeout_s == 60
-    assert t.verifier.kind == "pytest" and t.verifier.mode == "separate"
-    assert set(t.verifier.files) == {"test_outputs.py"}
+    # Terminal-Bench copies run-tests.sh and tests/ into /tests of the agent's container
+    assert t.verifier.kind == "terminal-bench" and t.verifier.mode == "shared"
+    assert set(t.verifier.files) == {"run-tests.sh", "test_outputs.py"}
+    assert t.verifier.command == "bash /tests/run-tests.sh"
+    assert t.verifier.tests_dir == TESTS_DIR and t.verifier.env == {"TEST_DIR": "/tests"}
     assert (t.metadata.difficulty, t.metadata.category, t.metadata.tags) == (
         "easy", "file-operations", ("files", "echo"))
     assert t.expected_checks == 4
@@ -32,6 +34,8 @@ def test_terminal_bench_fields(tb_dir):
     assert t.environment.workdir == "/app"
     assert t.environment.setup == ("mkdir -p logs && echo started > logs/setup.txt",)
     assert len(t.solution) == 1 and "greeting.txt" in t.solution[0][0]
+    assert t.oracle.command == "bash /oracle/solution.sh" and t.oracle.dir == "/oracle"
+    assert t.oracle.files["solution.sh"].decode() == t.solution[0][0]
 
 
 def test_terminal_bench_solution_yaml_and_descriptions(tmp_path):
@@ -43,7 +47,7 @@ def test_terminal_bench_solution_yaml_and_descriptions(tmp_path):
                      "run_tests_in_same_shell: true\n"}))
     t = load_terminal_bench_task(root)
     assert t.solution == (("echo 1 > count1.txt", "echo 2 > count2.txt"),)
-    assert t.instruction == "do it" and t.verifier.mode == "shared"
+    assert t.instruction == "do it" and t.verifier.mode == "shared" and t.oracle is None
 
 
 def test_harbor_fields(harbor_dir):
@@ -53,8 +57,11 @@ def test_harbor_fields(harbor_dir):
     assert t.verifier.timeout_s == 60
     assert t.environment.memory_mb == 2048 and t.environment.storage_mb == 512
     assert dict(t.environment.files) == {"name.txt": b"ada\n"}
-    assert "/logs/verifier" not in t.verifier.command and "${TRSI_LOGS_DIR}" in t.verifier.command
-    assert "${TEST_DIR}/test_outputs.py" in t.verifier.command
+    # nothing in test.sh is rewritten: it runs at /tests as Harbor runs it
+    assert t.verifier.command == "bash /tests/test.sh" and t.verifier.tests_dir == TESTS_DIR
+    assert t.verifier.files["test.sh"] == harbor_files()["tests/test.sh"].encode()
+    assert t.verifier.mode == "shared"
+    assert t.oracle.command == "bash /solution/solve.sh" and set(t.oracle.files) == {"solve.sh"}
     assert t.metadata.difficulty == "medium" and t.expected_checks == 4
 
 
@@ -68,8 +75,9 @@ def test_harbor_fields(harbor_dir):
     ("tb", {"task.yaml": "instruction: x\ndifficulty: brutal\n"}, "task.yaml", "difficulty"),
     ("tb", {"task.yaml": "instruction: [unclosed\n"}, "task.yaml", None),
     ("tb", {"task.yaml": "instruction: x\ntags: 3\n"}, "task.yaml", "tags"),
-    ("tb", {"Dockerfile": "WORKDIR /app\n"}, "Dockerfile", "FROM"),
-    ("tb", {"Dockerfile": "FROM x\nCOPY missing.txt .\n"}, "Dockerfile", "COPY"),
+    ("tb", {"docker-compose.yaml": "services: []\n"}, "docker-compose.yaml", "services"),
+    ("tb", {"docker-compose.yaml": "services:\n  client:\n    build: ..\n"},
+     "docker-compose.yaml", "services.client.build.context"),
     ("tb", {"solution.sh": None, "solution.yaml": "- nope: 1\n"}, "solution.yaml", "[0].command"),
     ("harbor", {"task.toml": "[verifier\n"}, "task.toml", None),
     ("harbor", {"task.toml": "[verifier]\ntimeout_sec = 'x'\n"}, "task.toml",
@@ -104,24 +112,24 @@ def test_load_task_dirs_both_formats(tmp_path):
         load_task_dirs(str(tmp_path / "suite" / "not-a-task"))
 
 
-def test_unavailable_environments_say_so(tmp_path):
-    compose = load_terminal_bench_task(write(tmp_path / "c", tb_files(
-        **{"docker-compose.yaml": "services: {}\n"})))
-    with pytest.raises(EnvironmentUnavailable, match="docker-compose"):
-        open_task_sandbox(compose, "local-plain", allow_plain=True)
+def test_environments_are_described_not_refused(tmp_path):
+    # a single-service compose file (every Terminal-Bench task ships one) is not a
+    # multi-container setup; Dockerfile steps a local sandbox cannot do are named, not errors
+    single = load_terminal_bench_task(write(tmp_path / "c", tb_files(
+        **{"docker-compose.yaml": TB_COMPOSE})))
+    assert single.environment.services == ("client",)
+    assert not single.environment.multi_container
+    two = load_terminal_bench_task(write(tmp_path / "two", tb_files(**{
+        "docker-compose.yaml": TB_COMPOSE + "  db:\n    image: postgres:16\n"})))
+    assert two.environment.services == ("client", "db") and two.environment.multi_container
     image_only = load_harbor_task(write(tmp_path / "i", harbor_files(**{
         "environment/Dockerfile": None, "environment/name.txt": None,
         "task.toml": "[environment]\ndocker_image = 'ghcr.io/x/y:1'\n"})))
-    with pytest.raises(EnvironmentUnavailable, match="ghcr.io/x/y:1"):
-        open_task_sandbox(image_only, "local-plain", allow_plain=True)
-    failing = load_terminal_bench_task(write(tmp_path / "f", tb_files(
-        Dockerfile="FROM python:3.13\nWORKDIR /app\nRUN apt-get-missing install -y foo\n")))
-    with pytest.raises(EnvironmentUnavailable, match="apt-get-missing"):
-        open_task_sandbox(failing, "local-plain", allow_plain=True)
+    assert image_only.environment.image == "ghcr.io/x/y:1"
+    assert image_only.environment.dockerfile is None
     remote = load_terminal_bench_task(write(tmp_path / "r", tb_files(
         Dockerfile="FROM x\nWORKDIR /app\nADD https://example.com/a.tgz .\n")))
-    with pytest.raises(EnvironmentUnavailable, match="remote source"):
-        open_task_sandbox(remote, "local-plain", allow_plain=True)
+    assert any("remote source" in u for u in remote.environment.unsupported)
 
 
 def test_loaded_tasks_pickle(tb_dir, harbor_dir):
