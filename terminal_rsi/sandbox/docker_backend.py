@@ -208,7 +208,7 @@ _SESSION_WRAPPER = ('ulimit -S -H -t "$0" 2>/dev/null || exit 125; '
 SESSION_SOCKET = "/tmp/.trsi-tmux"
 # pid 1 of every container: it reaps the orphans a command leaves (``sleep infinity`` would
 # keep their zombies, each holding one of spec.pids for good); ``kill -9 -1`` spares pid 1.
-_INIT = ["/bin/bash", "-c", "while :; do sleep 86400 & wait $!; done"]
+INIT_ARGV = ["/bin/bash", "-c", "while :; do sleep 86400 & wait $!; done"]
 # What the machinery runs in a container besides bash (wrappers, tar scripts, sessions):
 # profile "image" checks a task image has them when the sandbox starts, as the image's
 # USER, and learns that user's HOME as `docker exec` sets it (the image's ENV HOME, else
@@ -390,7 +390,7 @@ def remove_disk(root: str) -> None:
 # ------------------------------------------------------------------------ containers
 
 
-class _Box:
+class ContainerBox:
     """A started container and the host tmpfs it uses (``disk`` is "" when split or for
     profile "image"); ``user`` and ``workdir`` are the container's (what exec runs as and
     in: profile "sandbox" 1000:1000 in /workspace, profile "image" the image's)."""
@@ -414,7 +414,7 @@ class _Box:
         remove_disk(self.disk)
 
 
-def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
+def _create_box(client, spec: SandboxSpec, sid: str) -> ContainerBox:
     """Start a container for ``spec``: one tmpfs for every writable place when possible
     (profile "image": none, the image's own root filesystem is writable)."""
     global _shared_disk
@@ -426,7 +426,7 @@ def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
             _note_split(f"mounting a tmpfs failed ({e})")
         else:
             try:
-                return _Box(_run_container(client, spec, sid, disk), disk)
+                return ContainerBox(_run_container(client, spec, sid, disk), disk)
             except BadRequest as e:
                 remove_disk(disk)
                 if "bind source path does not exist" not in str(e):
@@ -436,7 +436,7 @@ def _create_box(client, spec: SandboxSpec, sid: str) -> _Box:
             except BaseException:
                 remove_disk(disk)
                 raise
-    return _Box(_run_container(client, spec, sid, ""), "")
+    return ContainerBox(_run_container(client, spec, sid, ""), "")
 
 
 def _sandbox_profile(spec: SandboxSpec, disk: str) -> dict:
@@ -454,25 +454,25 @@ def _sandbox_profile(spec: SandboxSpec, disk: str) -> dict:
             WORKDIR: f"rw,exec,nosuid,nodev,size={ws}m,uid=1000,gid=1000,mode=0755",
             "/tmp": f"rw,exec,nosuid,nodev,size={tmp}m,mode=1777",
             "/dev/shm": f"rw,exec,nosuid,nodev,size={shm}m,mode=1777"}}
-    return {"command": _INIT, "user": USER, "working_dir": WORKDIR, "read_only": True,
+    return {"command": INIT_ARGV, "user": USER, "working_dir": WORKDIR, "read_only": True,
             **places}
 
 
 def _image_profile(client, spec: SandboxSpec) -> dict:
     """create() arguments of profile "image": the image's USER and WORKDIR (or
     spec.workdir), a writable root, IMAGE_CAPS, a disk quota where the engine has one."""
-    cfg = _image_config(client, spec.image)
+    cfg = image_config(client, spec.image)
     kw = {"user": cfg.get("User") or ROOT,
           "working_dir": spec.workdir or cfg.get("WorkingDir") or "/",
           "read_only": False, "cap_add": list(IMAGE_CAPS),
           # our pid 1, never the image's ENTRYPOINT
-          "entrypoint": _INIT[:1], "command": _INIT[1:]}
+          "entrypoint": INIT_ARGV[:1], "command": INIT_ARGV[1:]}
     if storage_quota_supported(client, spec.image):
         kw["storage_opt"] = {"size": f"{spec.disk_mb}M"}
     return kw
 
 
-def _image_config(client, image: str) -> dict:
+def image_config(client, image: str) -> dict:
     """The image's Config (User, WorkingDir, Env ...); BadRequest when it is missing."""
     import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
 
@@ -528,15 +528,15 @@ def _create_error(client, spec: SandboxSpec, sid: str, e: Exception) -> SandboxE
             client.api.remove_container(f"trsi-{sid}", force=True)
         except Exception:  # noqa: BLE001
             pass
-        if "no such file or directory" in str(e.explanation) and _INIT[0] in str(
+        if "no such file or directory" in str(e.explanation) and INIT_ARGV[0] in str(
                 e.explanation):
-            return BadRequest(_needs_tools(spec.image, f"it has no {_INIT[0]}"))
+            return BadRequest(_needs_tools(spec.image, f"it has no {INIT_ARGV[0]}"))
     return err
 
 
 def _needs_tools(image: str, why: str) -> str:
     return (f"image {image!r} cannot host a sandbox: {why}; terminal_rsi needs bash "
-            f"({_INIT[0]}) and coreutils, findutils, sed and tar ({', '.join(_TOOLS)}) in "
+            f"({INIT_ARGV[0]}) and coreutils, findutils, sed and tar ({', '.join(_TOOLS)}) in "
             "the image: install them in its Dockerfile")
 
 
@@ -629,7 +629,7 @@ def sweep_stale(client=None, *, once: bool = False, min_age_s: float = 60.0) -> 
         owner = {k: labels.get(f"{LABEL}.{k}", "") for k in OWNER_LABELS}
         if not procs.owner_gone(owner, me):
             continue
-        _Box(c, labels.get(DISK_LABEL, "")).destroy()
+        ContainerBox(c, labels.get(DISK_LABEL, "")).destroy()
         log.warning("removed the stale sandbox container %s (owner pid %s on %s is gone)",
                     c.name, owner["pid"], owner["host"])
         n += 1
@@ -1027,14 +1027,15 @@ class DockerSandbox(Sandbox):
 
     tar_limits = TarLimits()
 
-    def __init__(self, spec: SandboxSpec | None = None, client=None, _box: _Box | None = None):
+    def __init__(self, spec: SandboxSpec | None = None, client=None,
+                 box: ContainerBox | None = None):
         self.spec = spec or SandboxSpec()
         self.client = client or docker_client()
         self.id = uuid.uuid4().hex[:16]
         self._lock = threading.RLock()
         self._closed = False
         sweep_stale(self.client, once=True)
-        self.box = _box or _create_box(self.client, self.spec, self.id)
+        self.box = box or _create_box(self.client, self.spec, self.id)
         self.container = self.box.container
         self.container_id = self.box.id
         self.image_profile = self.spec.profile == "image"
@@ -1319,7 +1320,7 @@ class WarmPool:
     def __init__(self, client, spec: SandboxSpec, size: int):
         self.client, self.spec, self.size = client, spec, size
         self.key = _pool_key(spec)
-        self._q: queue.Queue[_Box] = queue.Queue()
+        self._q: queue.Queue[ContainerBox] = queue.Queue()
         self._stop = threading.Event()
         self._need = threading.Semaphore(size)
         self._thread = threading.Thread(target=self._fill, daemon=True, name="trsi-warm-pool")
@@ -1340,7 +1341,7 @@ class WarmPool:
                 continue
             self._q.put(box)
 
-    def take(self, wait_s: float = 0.0) -> _Box | None:
+    def take(self, wait_s: float = 0.0) -> ContainerBox | None:
         try:
             box = self._q.get(timeout=wait_s) if wait_s > 0 else self._q.get_nowait()
         except queue.Empty:
@@ -1376,7 +1377,7 @@ class DockerBackend:
         box = None
         if self.pool is not None and _pool_key(spec) == self.pool.key:
             box = self.pool.take()
-        return DockerSandbox(spec, client=self.client, _box=box)
+        return DockerSandbox(spec, client=self.client, box=box)
 
     def close(self) -> None:
         if self.pool is not None:

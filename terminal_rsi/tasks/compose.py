@@ -22,12 +22,20 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import re
+import shlex
 from collections.abc import Mapping
 
 import yaml
 
+from terminal_rsi.sandbox.compose import HEALTHCHECK_KEYS
 from terminal_rsi.tasks import _files
-from terminal_rsi.tasks.spec import MAX_ENV_ENTRIES, Environment, TaskFormatError, env_problem
+from terminal_rsi.tasks.spec import (
+    MAX_ENV_ENTRIES,
+    Environment,
+    Sidecar,
+    TaskFormatError,
+    env_problem,
+)
 
 COMPOSE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
 TERMINAL_BENCH_SERVICE = "client"
@@ -41,8 +49,12 @@ HARBOR_LOG_VARS = {"ENV_VERIFIER_LOGS_PATH": "/logs/verifier",
 # commands the harnesses give the agent's service to keep it running
 _KEEPALIVE = ({"sh", "-c", "sleep infinity"}, {"sleep", "infinity"}, {"tail", "-f", "/dev/null"})
 # fields of the agent's service this reader uses (each handled below)
-_USED = {"build", "image", "environment", "working_dir", "volumes", "container_name", "command"}
+_USED = {"build", "image", "environment", "working_dir", "volumes", "container_name", "command",
+         "depends_on"}  # depends_on: every other service starts before the agent's
 _TOP_SILENT = {"services", "version", "name"}
+# fields of a service beside the agent's this reader uses
+_SIDECAR_USED = {"build", "image", "environment", "working_dir", "volumes", "container_name",
+                 "command", "entrypoint", "healthcheck"}
 _BUILD_USED = {"context", "dockerfile"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BRACED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-+?])(.*))?", re.S)
@@ -131,6 +143,7 @@ class AgentService:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     workdir: str | None = None
     warnings: tuple[str, ...] = ()
+    sidecars: tuple[Sidecar, ...] = ()
 
 
 def find_compose(td: _files.TaskDir, directory: str, harness: str
@@ -275,10 +288,12 @@ def read_compose(td: _files.TaskDir, rel: str, variables: ComposeVars, agent: st
         return AgentService(agent, tuple(services), warnings=tuple(warnings))
     sub = _Interpolator(variables, _dotenv(td, posixpath.dirname(rel)), path, warnings)
     try:
-        return _Service(td, rel, agent, services[agent], sub, warnings).read(tuple(services))
+        sidecars = tuple(_Service(td, rel, name, svc, sub, warnings).sidecar()
+                         for name, svc in services.items() if name != agent)
+        found = _Service(td, rel, agent, services[agent], sub, warnings).read(tuple(services))
     except RecursionError:
-        raise TaskFormatError(path, f"services.{agent}", "nests interpolations too deeply"
-                              ) from None
+        raise TaskFormatError(path, "services", "nests interpolations too deeply") from None
+    return dataclasses.replace(found, sidecars=sidecars, warnings=tuple(warnings))
 
 
 def _split_volume(spec: str) -> list[str]:
@@ -335,6 +350,71 @@ class _Service:
         self._volumes(context)
         return AgentService(self.name, services, dockerfile, context, image,
                             self._environment(), self._workdir(), tuple(self.warnings))
+
+    def sidecar(self) -> Sidecar:
+        """This service as one beside the agent's: what `Sidecar` runs of it."""
+        for key in self.svc:
+            if key not in _SIDECAR_USED:
+                self.warn(f"{self.field(str(key))} is not used"
+                          + (" (every service starts before the agent's)"
+                             if key == "depends_on" else ""))
+        dockerfile, context = self._build()
+        raw = self.svc.get("image")
+        image = None if dockerfile or raw is None else self.text(raw, "image")
+        if dockerfile is None and not image:
+            raise self.error("image", "a service beside the agent's needs a build or an image")
+        self._volumes(context)
+        return Sidecar(
+            self.name, dockerfile=self.td.path(dockerfile) if dockerfile else None,
+            context=self.td.path(context) if dockerfile else None, image=image,
+            env=self._environment(), command=self._words("command"),
+            entrypoint=self._words("entrypoint"), workdir=self._workdir(),
+            healthcheck=self._healthcheck())
+
+    def _words(self, key: str) -> tuple[str, ...] | None:
+        """A command or entrypoint: a list of strings, or a string split as compose does."""
+        raw = self.svc.get(key)
+        if raw is None:
+            return None
+        if isinstance(raw, str):
+            try:
+                return tuple(shlex.split(self.text(raw, key)))
+            except ValueError as e:
+                raise self.error(key, f"cannot be split into words ({e})") from None
+        if not isinstance(raw, list):
+            raise self.error(key, "expected a string or a list of strings")
+        return tuple(self.text(w, key) for w in raw)
+
+    def _healthcheck(self) -> dict | None:
+        raw = self.svc.get("healthcheck")
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise self.error("healthcheck", "expected a mapping")
+        out: dict = {}
+        for key, value in raw.items():
+            if key not in HEALTHCHECK_KEYS:
+                self.warn(f"{self.field('healthcheck')}.{key} is not used")
+            elif key == "test":
+                out[key] = list(self._words_of(value, "healthcheck.test"))
+            elif key == "retries":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise self.error("healthcheck.retries", "expected an integer >= 0")
+                out[key] = value
+            elif key == "disable":
+                if not isinstance(value, bool):
+                    raise self.error("healthcheck.disable", "expected true or false")
+                out[key] = value
+            else:
+                out[key] = self.text(value, f"healthcheck.{key}")
+        return out
+
+    def _words_of(self, value, key: str) -> tuple[str, ...]:
+        if isinstance(value, str):
+            return ("CMD-SHELL", self.text(value, key))
+        if not isinstance(value, list) or not value:
+            raise self.error(key, "expected a string or a non-empty list of strings")
+        return tuple(self.text(w, key) for w in value)
 
     def _inside(self, value: str, base: str, key: str) -> str:
         """`value` (relative to `base`, or absolute) as a task-directory-relative path;

@@ -269,7 +269,8 @@ def _environment(td: _files.TaskDir, envc: dict, file: str, warnings: list[str]
     return compose.environment(
         td, dockerfile=dockerfile, context=context, compose_file=rel, env=svc.env,
         workdir=workdir or svc.workdir, services=(svc.name, *(
-            s for s in svc.services if s != svc.name)), agent_service=svc.name, **fields)
+            s for s in svc.services if s != svc.name)), agent_service=svc.name,
+        sidecars=svc.sidecars, **fields)
 
 
 def _mode(ver: dict, file: str) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from terminal_rsi.sandbox.base import text_problem
+from terminal_rsi.sandbox.compose import HEALTHCHECK_KEYS
 
 VERIFIER_MODES = ("separate", "shared")
 # how long a scripted solution waits for each command typed into a terminal session (a
@@ -182,6 +183,47 @@ def _show(value: Any, limit: int = 80) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sidecar:
+    """A service of a multi-container task beside the agent's (a compose service), as the
+    task's compose file gives it: built from `dockerfile` in `context` (absolute paths inside
+    the task directory) or started from `image`; its environment, command and entrypoint
+    (None: the image's), working directory (None: the image's) and compose healthcheck
+    (keys `HEALTHCHECK_KEYS`; None: none)."""
+
+    name: str
+    dockerfile: str | None = None
+    context: str | None = None
+    image: str | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    command: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None
+    workdir: str | None = None
+    healthcheck: Mapping[str, Any] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "env", _frozen_map(self.env))
+        if self.healthcheck is not None:
+            object.__setattr__(self, "healthcheck", _frozen_map(self.healthcheck))
+        where = f"service {self.name}"
+        if not isinstance(self.name, str) or not self.name:
+            raise TaskFormatError(where, "name", "expected a non-empty service name")
+        if self.dockerfile is None and not self.image:
+            raise TaskFormatError(where, "build", "a service needs a build or an image")
+        for key in ("command", "entrypoint"):
+            words = getattr(self, key)
+            if words is not None and not (isinstance(words, tuple)
+                                          and all(isinstance(w, str) for w in words)):
+                raise TaskFormatError(where, key, "expected a tuple of strings")
+        if self.healthcheck is not None and set(self.healthcheck) - set(HEALTHCHECK_KEYS):
+            raise TaskFormatError(where, "healthcheck", f"unknown keys "
+                                  f"{sorted(set(self.healthcheck) - set(HEALTHCHECK_KEYS))}")
+        if self.workdir is not None and not _absolute_path(self.workdir):
+            raise TaskFormatError(where, "working_dir", f"expected an absolute path, got "
+                                  f"{_show(self.workdir)}")
+        _check_env(self.env, where, "environment")
+
+
+@dataclasses.dataclass(frozen=True)
 class Environment:
     """Where the agent works.
 
@@ -205,6 +247,7 @@ class Environment:
       build_timeout_s: wall-clock limit of building the image (None: the builder's default).
       services: the compose file's service names (more than one: a multi-container setup).
       agent_service: the compose service the agent works in.
+      sidecars: the other services (`Sidecar`), started before the agent's.
       gpus: GPUs the task asks for (0: none).
     """
 
@@ -227,9 +270,14 @@ class Environment:
     services: tuple[str, ...] = ()
     agent_service: str | None = None
     gpus: int = 0
+    sidecars: tuple[Sidecar, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "services", tuple(self.services))
+        object.__setattr__(self, "sidecars", tuple(self.sidecars))
+        if not all(isinstance(s, Sidecar) for s in self.sidecars):
+            raise TaskFormatError(self.dockerfile or "Environment", "sidecars",
+                                  "expected Sidecar services")
         object.__setattr__(self, "files", _frozen_map(self.files))
         object.__setattr__(self, "modes", _frozen_map(self.modes))
         object.__setattr__(self, "env", _frozen_map(self.env))
@@ -273,7 +321,7 @@ class Environment:
 
     @property
     def multi_container(self) -> bool:
-        return len(self.services) > 1
+        return len(self.services) > 1 or bool(self.sidecars)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,6 +66,9 @@ from terminal_rsi.sandbox import (
 )
 from terminal_rsi.sandbox import image as image_mod
 from terminal_rsi.sandbox.base import files_to_tar
+from terminal_rsi.sandbox.compose import ComposeService, open_compose_sandbox
+from terminal_rsi.sandbox.docker_backend import docker_available
+from terminal_rsi.sandbox.errors import InfrastructureError
 from terminal_rsi.sandbox.terminal import session_keystrokes
 from terminal_rsi.tasks.spec import (
     SESSION_SOLUTION_WAIT_S,
@@ -142,6 +145,8 @@ DEFAULT_BACKEND = "local"
 # Where the host's pytest runtime goes in a task's own container (kind "pytest" with
 # absolute test paths, when the image's python lacks pytest or the CTRF plugin).
 TASK_PYTEST_RUNTIME_DIR = "/tmp/.trsi_pytest_runtime"
+# How long a multi-container task's services may take to start (and get healthy).
+SERVICES_START_TIMEOUT_S = 120.0
 
 
 def in_task_image(task: Task) -> bool:
@@ -155,13 +160,13 @@ def backend_problem(task: Task, backend: str) -> str | None:
     """Why `task` cannot run honestly on `backend` (None: it can)."""
     env = task.environment
     where = f"task {task.id}"
-    if env.multi_container:
-        return (f"{where}: its environment is a {len(env.services)}-service docker compose "
-                f"setup ({', '.join(env.services)}); multi-container environments are not "
-                "run yet (a single-service compose file runs as that service's container)")
     remote = backend.startswith(("http://", "https://"))
     if backend == "docker":
         return None
+    if env.multi_container:
+        return (f"{where}: its environment is a {len(env.services)}-service docker compose "
+                f"setup ({', '.join(env.services)}), which runs on backend='docker' only "
+                "(through docker compose)")
     if in_task_image(task):
         return (f"{where}: its files and tests use the paths the task wrote "
                 f"({env.workdir or 'its WORKDIR'}, {task.verifier.tests_dir or 'its oracle dir'})"
@@ -208,15 +213,21 @@ def task_image(task: Task, backend: str, *, allow_network: bool = False) -> str 
     env = task.environment
     if backend != "docker":
         return None
+    return _service_image(task, env.dockerfile, env.context, env.image, allow_network)
+
+
+def _service_image(task: Task, dockerfile: str | None, context: str | None,
+                   image: str | None, allow_network: bool) -> str | None:
+    """The image of one service of `task` (`task_image`'s rules and errors)."""
+    env = task.environment
     try:
-        if env.dockerfile is None:
-            if env.image and not image_mod.image_present(env.image):
-                raise image_mod.BaseImageMissing(env.image)
-            return env.image
-        context = env.context or os.path.dirname(env.dockerfile)
+        if dockerfile is None:
+            if image and not image_mod.image_present(image):
+                raise image_mod.BaseImageMissing(image)
+            return image
         return image_mod.build_context_image(
-            context, env.dockerfile, network=bool(env.network and allow_network),
-            timeout_s=env.build_timeout_s)
+            context or os.path.dirname(dockerfile), dockerfile,
+            network=bool(env.network and allow_network), timeout_s=env.build_timeout_s)
     except (image_mod.BaseImageMissing, image_mod.EngineUnavailable) as e:
         raise EnvironmentUnavailable(f"task {task.id}: {e}") from e
     except (image_mod.BuildFailed, image_mod.BuildTimeout) as e:
@@ -277,9 +288,8 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
         raise EnvironmentUnavailable(problem)
     image = task_image(task, backend, allow_network=allow_network)
     check_plain_allowed(task, backend, allow_plain)
-    spec = _spec_for(task, image, allow_network=allow_network)
-    sb = open_sandbox(spec, backend=backend, allow_plain=plain_allowed(task, allow_plain),
-                      **sandbox_kwargs)
+    sb = start_sandbox(task, backend, image, allow_plain=plain_allowed(task, allow_plain),
+                       allow_network=allow_network, **sandbox_kwargs)
     if in_task_image(task):
         return sb  # the image holds the task's files where its Dockerfile put them
     try:
@@ -297,6 +307,29 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
         sb.close()
         raise
     return sb
+
+
+def start_sandbox(task: Task, backend: str, image: str | None, *, allow_plain: bool,
+                  allow_network: bool, **sandbox_kwargs):
+    """A bare sandbox of `task`'s environment from `image` (`task_image`): a multi-container
+    task's services as one docker compose project (`sandbox.compose`), any other one
+    container or local sandbox. No engine is EnvironmentUnavailable."""
+    env = task.environment
+    spec = _spec_for(task, image, allow_network=allow_network)
+    try:
+        if not env.multi_container:
+            return open_sandbox(spec, backend=backend, allow_plain=allow_plain,
+                                **sandbox_kwargs)
+        services = [ComposeService(
+            s.name, _service_image(task, s.dockerfile, s.context, s.image, allow_network),
+            env=dict(s.env), command=s.command, entrypoint=s.entrypoint,
+            workdir=s.workdir or "", healthcheck=s.healthcheck) for s in env.sidecars]
+        return open_compose_sandbox(spec, env.agent_service or "main", services,
+                                    start_timeout_s=SERVICES_START_TIMEOUT_S)
+    except InfrastructureError as e:
+        if docker_available() or backend != "docker":
+            raise
+        raise EnvironmentUnavailable(f"task {task.id}: no Docker engine here ({e})") from e
 
 
 def task_sandbox_factory(tasks) -> Callable[[Task], Any]:
@@ -653,9 +686,8 @@ def verify(
             if owned is None:
                 artifacts = collect_artifacts(task, sb) if artifacts is None else artifacts
                 image = task_image(task, backend, allow_network=allow_network)
-                owned = open_sandbox(_spec_for(task, image, allow_network=allow_network),
-                                     backend=backend, allow_plain=allow_plain,
-                                     **sandbox_kwargs)
+                owned = start_sandbox(task, backend, image, allow_plain=allow_plain,
+                                      allow_network=allow_network, **sandbox_kwargs)
                 _place(owned.put_tar, artifacts, "the agent's workspace")
             return owned
 
