@@ -8,6 +8,7 @@ The images are built once per module from the minbase rootfs (`image.BASE_TAG`, 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 
 import pytest
@@ -20,6 +21,8 @@ from terminal_rsi.sandbox.compose import (
     compose_document,
     open_compose_sandbox,
 )
+from terminal_rsi.sandbox.docker_backend import docker_client
+from terminal_rsi.sandbox.image import BASE_TAG, build_context_image
 
 from .conftest import need_docker_image
 
@@ -32,17 +35,12 @@ FETCH = ("python3 -c \"import urllib.request as u; "
 @pytest.fixture(scope="module")
 def client():
     need_docker_image()
-    from terminal_rsi.sandbox.docker_backend import docker_client
 
     return docker_client()
 
 
 @pytest.fixture(scope="module")
 def images(client):
-    import tempfile
-
-    from terminal_rsi.sandbox.image import BASE_TAG, build_context_image
-
     with tempfile.TemporaryDirectory() as d:
         with open(f"{d}/Dockerfile", "w") as f:
             f.write(f"FROM {BASE_TAG}\nWORKDIR /app\nRUN echo agent > /app/who.txt\n")
