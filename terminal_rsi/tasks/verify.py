@@ -357,19 +357,24 @@ def run_solution(task: Task, sb, *, timeout: float | None = None) -> list[list[A
     """Run the reference solution; returns the results per turn.
 
     A task with an `Oracle` (Terminal-Bench's solution.sh, Harbor's solution/) runs as its
-    own tools run it: `run_oracle` (one `SessionOutput`). A task that needs a terminal (tag
-    "terminal") types its commands into the sandbox's terminal session (opened here and left
-    open for the verifier; each command waits up to `SESSION_SOLUTION_WAIT_S`:
-    `SessionOutput`s); any other runs each command by exec (`ExecResult`s)."""
+    own tools run it: `run_oracle` (one `SessionOutput`). A Terminal-Bench solution.yaml
+    types its commands into the sandbox's terminal session one by one, as Terminal-Bench's
+    oracle does, each waited for up to `timeout` (default: the agent's timeout); a built-in
+    task that needs a terminal (tag "terminal") does the same with each command waited for
+    up to `SESSION_SOLUTION_WAIT_S`. The session is opened here and left open for the
+    verifier (`SessionOutput`s). Any other task runs each command by exec (`ExecResult`s)."""
     if task.oracle is not None:
         return [[run_oracle(task, sb, timeout=timeout)]]
-    term = sb.open_session() if TERMINAL_TAG in task.metadata.tags else None
+    typed = TERMINAL_TAG in task.metadata.tags or in_task_image(task)
+    term = sb.open_session() if typed else None
     out = []
     for turn in task.solution:
         results = []
         for cmd in turn:
             if term is not None:
-                wait = min(timeout or task.agent_timeout_s, SESSION_SOLUTION_WAIT_S)
+                wait = timeout or task.agent_timeout_s
+                if not in_task_image(task):
+                    wait = min(wait, SESSION_SOLUTION_WAIT_S)
                 results.append(term.run(session_keystrokes(cmd), wait))
             else:
                 results.append(sb.exec(cmd, timeout=timeout or task.agent_timeout_s))
@@ -763,11 +768,22 @@ def parse_report_bytes(raw: bytes, *, terminal_success: bool | None,
     return dataclasses.replace(report, source=None)
 
 
-def _read(vsb, path: str) -> bytes | None:
+def _log_files(vsb, logs_dir: str) -> dict[str, bytes]:
+    """The regular files directly in the verifier's logs directory `logs_dir` (workspace-
+    relative, or absolute in a task's own container), in one transfer; {} when it is gone."""
     try:
-        return vsb.get_file(path)
-    except Exception:  # noqa: BLE001 - missing file
-        return None
+        data = vsb.get_tar(logs_dir)
+    except BadRequest:  # missing (the verifier removed it) or past the download caps
+        return {}
+    top = posixpath.normpath(logs_dir.lstrip("/"))
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+        for m in tf.getmembers():
+            name = posixpath.normpath(m.name)
+            f = tf.extractfile(m) if m.isreg() and posixpath.dirname(name) == top else None
+            if f is not None:
+                out[posixpath.basename(name)] = f.read()
+    return out
 
 
 _PYTEST_CMD = ('python3 -P -m pytest -q -rA -p no:cacheprovider -c "$TRSI_PYTEST_INI" '
@@ -798,8 +814,7 @@ def _verify_command(task, vsb, backend, vdir, test_dir, logs_dir, hygiene, pytes
     if ver.kind != "pytest":  # a script's own pytest run: the same configuration rule
         env.setdefault("PYTEST_ADDOPTS", f"-c {vsb.workdir}/{ini}")
     command = _PYTEST_CMD.format(args=ver.command) if ver.kind == "pytest" else ver.command
-    return _run_verifier(task, vsb, command, env, lambda name: _read(vsb, f"{logs_dir}/{name}"),
-                         hygiene)
+    return _run_verifier(task, vsb, command, env, logs_dir, hygiene)
 
 
 def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
@@ -817,10 +832,11 @@ def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
     files = dict(ver.files)
     if ver.kind == "pytest":  # its configuration: the tests' own pytest.ini or an empty one
         files.setdefault("pytest.ini", b"[pytest]\n")
-    _place(lambda t: vsb.put_tar(t, dest=tests), files_to_tar(files, mode=0o755),
+    # one upload from / : the tests and an empty logs directory
+    placed = {posixpath.join(tests.lstrip("/"), p): d for p, d in files.items()}
+    placed[posixpath.join(VERIFIER_LOGS_DIR.lstrip("/"), ".keep")] = b""
+    _place(lambda t: vsb.put_tar(t, dest="/"), files_to_tar(placed, mode=0o755),
            "the verifier's tests")
-    _place(lambda t: vsb.put_tar(t, dest=VERIFIER_LOGS_DIR), files_to_tar({".keep": b""}),
-           "the verifier's log directory")
     env = dict(ver.env)
     command = ver.command
     if ver.kind == "pytest":
@@ -832,21 +848,22 @@ def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
                    "the verifier's pytest runtime")
             env["PYTHONPATH"] = TASK_PYTEST_RUNTIME_DIR
         command = _PYTEST_CMD.format(args=ver.command)
-    return _run_verifier(task, vsb, command, env,
-                         lambda name: _read(vsb, f"{VERIFIER_LOGS_DIR}/{name}"), hygiene)
+    return _run_verifier(task, vsb, command, env, VERIFIER_LOGS_DIR, hygiene)
 
 
-def _run_verifier(task, vsb, command, env, read_log, hygiene) -> VerificationResult:
-    """Run the verifier command and turn what it left into a verdict (`_verdict`)."""
+def _run_verifier(task, vsb, command, env, logs_dir, hygiene) -> VerificationResult:
+    """Run the verifier command and turn what it left in `logs_dir` into a verdict
+    (`_verdict`; Terminal-Bench's verdict is its output alone)."""
     ver = task.verifier
     r = vsb.exec(command, timeout=ver.timeout_s, env=env)
     arts = {"stdout.txt": _encode(r.stdout), "stderr.txt": _encode(r.stderr)}
-    ctrf_raw = read_log("ctrf.json")
+    logs = {} if ver.kind == "terminal-bench" else _log_files(vsb, logs_dir)
+    ctrf_raw = logs.get("ctrf.json")
     if ctrf_raw is not None:
         arts["ctrf.json"] = ctrf_raw
     reward_raw = None
     for name in ("reward.json", "reward.txt"):  # Harbor reads reward.json first
-        raw = read_log(name)
+        raw = logs.get(name)
         if raw is not None:
             arts[name] = raw
             reward_raw = (name, raw)
