@@ -6,9 +6,13 @@ For each backend: the latency of `verify()` after the reference solution ran (se
 mode: artifacts copied out, fresh verifier sandbox when the checks need commands, report
 parsed through parse_ctrf). Rows: a built-in family without commands in its checks
 (sort_uniq), one that runs commands in a verifier sandbox (fix_script), and the pytest
-plugin path (a Terminal-Bench task dir with 5 tests). Ratios are against one sandbox exec
-of `true` on the same backend, measured in the same run. Docker rows are skipped, with a
-note, if no engine answers.
+plugin path (the test suite's Terminal-Bench task dir with 5 tests, in the workspace layout
+of the built-in tasks: `tests.tasks.conftest.workspace_task`). On Docker one more row: that
+task as Terminal-Bench runs it (its own image, run-tests.sh at /tests in the agent's
+container, graded by pytest's -rA summary), which local backends cannot run. Ratios are
+against one sandbox exec of `true` on the same backend, measured in the same run. Docker
+rows are skipped, with a note, if no engine answers (the real-layout row also needs the
+task base image trsi-task-base:bookworm).
 """
 
 from __future__ import annotations
@@ -27,9 +31,17 @@ from terminal_rsi.tasks.builtin import make_task  # noqa: E402
 
 
 def _tb_task(tmp: str):
+    """The Terminal-Bench test task as its own tools run it (Docker only)."""
     from tests.tasks.conftest import tb_files, write
 
     return load_terminal_bench_task(write(os.path.join(tmp, "tb-hello"), tb_files()))
+
+
+def _task_base_present() -> bool:
+    from terminal_rsi.sandbox.image import image_present
+    from tests.tasks.conftest import BASE
+
+    return image_present(BASE)
 
 
 def _p(xs, q):
@@ -39,7 +51,8 @@ def _p(xs, q):
 
 def bench(task, backend: str, n: int) -> list[float]:
     out = []
-    with open_task_sandbox(task, backend) as sb:
+    # the test task dir is ours (trusted): it may run plain where that backend is named
+    with open_task_sandbox(task, backend, allow_plain="always") as sb:
         run_solution(task, sb)
         verify(task, sb, backend=backend)  # warm-up (pytest runtime probe, image build)
         for _ in range(n):
@@ -70,10 +83,14 @@ def main() -> None:
     args = ap.parse_args()
     rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        from tests.tasks.conftest import workspace_task
+
+        real = _tb_task(tmp)
         tasks = [("builtin emitter (sort_uniq, no commands)", make_task("sort_uniq", 0)),
                  ("builtin emitter (fix_script, 1 command)", make_task("fix_script", 0)),
-                 ("pytest + pytest-json-ctrf (5 tests)", _tb_task(tmp))]
+                 ("pytest + pytest-json-ctrf (5 tests)", workspace_task(real))]
         for backend in args.backends.split(","):
+            todo = list(tasks)
             if backend == "docker":
                 from terminal_rsi.sandbox.docker_backend import docker_available
 
@@ -81,10 +98,16 @@ def main() -> None:
                     notes.append("docker: skipped, no Docker engine answers "
                                  "(start one with .ci/setup_sandbox.sh)")
                     continue
+                if _task_base_present():
+                    todo.append(("Terminal-Bench layout, -rA summary (5 tests, shared)", real))
+                else:
+                    notes.append("docker: the Terminal-Bench layout row is skipped, no task "
+                                 "base image (python -m terminal_rsi.sandbox.image "
+                                 "build-task-base)")
             bx = exec_baseline(backend, args.n)
             base = statistics.median(bx)
             rows.append((backend, "sandbox exec `true` (baseline)", base, _p(bx, 0.95), 1.0))
-            for label, task in tasks:
+            for label, task in todo:
                 xs = bench(task, backend, args.n)
                 med = statistics.median(xs)
                 rows.append((backend, label, med, _p(xs, 0.95), med / base))

@@ -330,8 +330,10 @@ class VerifierSpec:
 
     Attributes:
       kind: "pytest" (pytest + pytest-json-ctrf over `files`), "script" (a shell command,
-        e.g. Harbor's tests/test.sh, that may write reward.txt/reward.json and a CTRF
-        report into $TRSI_LOGS_DIR), or "builtin" (a Python check function).
+        e.g. Harbor's tests/test.sh, that writes reward.json/reward.txt and optionally a
+        CTRF report into the logs directory: /logs/verifier, or $TRSI_LOGS_DIR in the
+        workspace layout), "terminal-bench" (a shell command, run-tests.sh, whose pytest -rA
+        summary is the verdict) or "builtin" (a Python check function).
       mode: "separate" (default: a fresh sandbox gets the workspace artifacts and the
         tests) or "shared" (tests are copied into the agent's sandbox after it finished).
       files: test files, relative to the tests directory ($TEST_DIR in the sandbox).

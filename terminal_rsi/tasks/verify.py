@@ -832,10 +832,7 @@ def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
     files = dict(ver.files)
     if ver.kind == "pytest":  # its configuration: the tests' own pytest.ini or an empty one
         files.setdefault("pytest.ini", b"[pytest]\n")
-    # one upload from / : the tests and an empty logs directory
-    placed = {posixpath.join(tests.lstrip("/"), p): d for p, d in files.items()}
-    placed[posixpath.join(VERIFIER_LOGS_DIR.lstrip("/"), ".keep")] = b""
-    _place(lambda t: vsb.put_tar(t, dest="/"), files_to_tar(placed, mode=0o755),
+    _place(lambda t: vsb.put_tar(t, dest="/"), _task_paths_tar(tests, files),
            "the verifier's tests")
     env = dict(ver.env)
     command = ver.command
@@ -849,6 +846,21 @@ def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
             env["PYTHONPATH"] = TASK_PYTEST_RUNTIME_DIR
         command = _PYTEST_CMD.format(args=ver.command)
     return _run_verifier(task, vsb, command, env, VERIFIER_LOGS_DIR, hygiene)
+
+
+def _task_paths_tar(tests: str, files: Mapping[str, bytes]) -> bytes:
+    """One upload from / : the tests (mode 0755) under `tests` and an empty, world-writable
+    `VERIFIER_LOGS_DIR` (as Harbor makes it: the verifier may run as a non-root USER)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        logs = tarfile.TarInfo(VERIFIER_LOGS_DIR.lstrip("/"))
+        logs.type, logs.mode, logs.mtime = tarfile.DIRTYPE, 0o777, time.time()
+        tf.addfile(logs)
+        for path, data in files.items():
+            info = tarfile.TarInfo(posixpath.join(tests.lstrip("/"), path))
+            info.size, info.mode, info.mtime = len(data), 0o755, logs.mtime
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def _run_verifier(task, vsb, command, env, logs_dir, hygiene) -> VerificationResult:
@@ -932,9 +944,9 @@ _FAILING = ("FAILED", "XPASS", "ERROR")
 
 def pytest_summary_results(output: str) -> dict[str, bool] | None:
     """{test name: passed} from pytest's -rA short test summary in `output`, read as
-    Terminal-Bench's `PytestParser` reads it (the test name is what follows the last `::`
-    of the node id's first part; a FAILED line's " - message" is dropped); None when the
-    output has no summary."""
+    Terminal-Bench's `PytestParser` reads it (the test name is what follows the node id's
+    first `::`, so `f.py::TestK::test_m` is `TestK::test_m`; a FAILED line's last
+    " - message" is dropped); None when the output has no summary."""
     parts = _SUMMARY_BANNER.split(output, maxsplit=1)
     if len(parts) < 2:
         return None

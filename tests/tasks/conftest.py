@@ -1,18 +1,26 @@
-"""Task directories in both formats, written by the tests themselves."""
+"""Task directories in both formats, written by the tests themselves, and the helpers that
+run them: `workspace_task` (the built-in families' workspace layout, on local backends) and
+`need_task_image` (the real layout, on Docker)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 
 import pytest
+
+from terminal_rsi.tasks import Task
+from tests.sandbox.conftest import need, need_docker_image
 
 TEST_OUTPUTS = textwrap.dedent('''
     import os
 
     import pytest
 
-    WS = os.environ["TRSI_WORKSPACE"]
+    # the workspace layout names the workspace; in a task's own image the verifier runs in
+    # the task's working directory (/app here)
+    WS = os.environ.get("TRSI_WORKSPACE") or os.getcwd()
 
 
     def read(name):
@@ -37,6 +45,10 @@ TEST_OUTPUTS = textwrap.dedent('''
     def test_data_untouched():
         assert read("name.txt").strip() == "ada"
 ''').lstrip()
+
+# The base image of the tasks written here: root, python3 with pytest and pytest-json-ctrf,
+# no WORKDIR of its own (the real fixtures' base; `need_task_image` checks it is there).
+BASE = "trsi-task-base:bookworm"
 
 SOLUTION = 'echo "hello $(cat name.txt)" > greeting.txt\necho 1 > count1.txt\necho 2 > count2.txt\n'
 
@@ -65,7 +77,7 @@ def tb_files(**overrides):
             max_test_timeout_sec: 60
             expected_checks: 4
         """),
-        "Dockerfile": "FROM terminal-rsi-sandbox:bookworm\nUSER root\nWORKDIR /app\n"
+        "Dockerfile": f"FROM {BASE}\nUSER root\nWORKDIR /app\n"
                       "COPY name.txt .\nRUN mkdir -p logs && echo started > logs/setup.txt\n",
         "name.txt": "ada\n",
         "run-tests.sh": "#!/bin/bash\npytest $TEST_DIR/test_outputs.py -rA\n",
@@ -76,9 +88,10 @@ def tb_files(**overrides):
     return {k: v for k, v in files.items() if v is not None}
 
 
+# Harbor's test.sh as Harbor runs it: from the task's working directory, tests at /tests,
+# verdict and report in /logs/verifier (`workspace_task` rewrites those two paths).
 TEST_SH = textwrap.dedent("""
     #!/bin/bash
-    cd "$TRSI_WORKSPACE"
     python3 -P -m pytest -q -p no:cacheprovider --rootdir=/tests \\
         --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py
     if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt
@@ -111,7 +124,7 @@ def harbor_files(**overrides):
             memory = "2G"
             storage_mb = 512
         """),
-        "environment/Dockerfile": "FROM terminal-rsi-sandbox:bookworm\nWORKDIR /app\n"
+        "environment/Dockerfile": f"FROM {BASE}\nWORKDIR /app\n"
                                   "COPY name.txt /app/name.txt\n",
         "environment/name.txt": "ada\n",
         "tests/test.sh": TEST_SH,
@@ -161,3 +174,57 @@ def tb_dir(tmp_path):
 @pytest.fixture
 def harbor_dir(tmp_path):
     return write(tmp_path / "harbor-hello", harbor_files())
+
+
+# Harbor's fixed paths in a test.sh, and what they are in the workspace layout
+_HARBOR_PATHS = (("/logs/verifier", "${TRSI_LOGS_DIR}"), ("/tests", "${TEST_DIR}"))
+
+
+def workspace_task(task: Task, *, mode: str = "separate") -> Task:
+    """`task` (a loaded Terminal-Bench or Harbor task) laid out as the built-in families are.
+
+    Why: a task directory now runs as its own tools run it (tests at /tests, the oracle at
+    /oracle or /solution, in its own image), which only the Docker backend provides; local
+    backends refuse it (`verify.backend_problem`). verify()'s guarantees for the workspace
+    layout that every built-in task uses (tests in a fresh `.trsi_verifier_<hex>/tests`
+    placed after the episode, $TEST_DIR, $TRSI_LOGS_DIR and $TRSI_WORKSPACE, planted files
+    and configs that cannot steer the verifier, typed verifier failures, the pytest runtime
+    copied in) are still verify()'s own and still tested on the local backends, on these
+    loaded tasks re-laid out here:
+
+    * `verifier.tests_dir` is "" (the workspace layout) and `oracle` None (the solution's
+      commands run by exec, as a built-in solution does); the files the Dockerfile copies
+      under WORKDIR are seeded into the workspace and its RUN lines replayed, as before;
+    * a Terminal-Bench verifier is kind "pytest" over its tests/ (pytest + pytest-json-ctrf,
+      the built-in pytest path, so P and N come from CTRF with hygiene tests excluded);
+      run-tests.sh is not used;
+    * Harbor's test.sh runs as ``bash "$TEST_DIR/test.sh"``, its /tests and /logs/verifier
+      written as $TEST_DIR and $TRSI_LOGS_DIR, where the workspace layout puts them;
+    * the verifier's own TEST_DIR=/tests (Terminal-Bench's compose environment) is dropped:
+      the workspace layout sets $TEST_DIR itself;
+    * `mode` is "separate" unless asked (the built-in families' default; the loaders' real
+      layout says "shared").
+    """
+    ver = task.verifier
+    files = dict(ver.files)
+    env = {k: v for k, v in ver.env.items() if k != "TEST_DIR"}
+    if ver.kind == "script":
+        script = files["test.sh"].decode()
+        for path, var in _HARBOR_PATHS:
+            script = script.replace(path, var)
+        files["test.sh"] = script.encode()
+        ver = dataclasses.replace(ver, files=files, command='bash "$TEST_DIR/test.sh"')
+    elif ver.kind == "terminal-bench":
+        files.pop("run-tests.sh", None)
+        ver = dataclasses.replace(ver, kind="pytest", files=files, command="")
+    ver = dataclasses.replace(ver, tests_dir="", env=env, mode=mode)
+    return dataclasses.replace(task, verifier=ver, oracle=None)
+
+
+def need_task_image() -> None:
+    """A running Docker engine with the task base image `BASE` (CI: fail, else skip)."""
+    need_docker_image()
+    from terminal_rsi.sandbox.image import image_present
+
+    need(image_present(BASE), f"the task base image {BASE} (python -m "
+         "terminal_rsi.sandbox.image build-task-base)")

@@ -1,6 +1,14 @@
 """Hostile and malformed task directories: loading never reads outside the task directory,
 and every problem is a TaskFormatError naming the file and the field (never another error,
-never a hang, never host content in a Task)."""
+never a hang, never host content in a Task).
+
+A Dockerfile is the engine's to build (the Docker backend hands it to BuildKit): what its
+COPY/ADD/ENV lines ask for is not a format error of the task. What the loader itself reads of
+them (the files a local sandbox could seed) still goes through the task directory's rules (no
+links followed, nothing outside the build context, the tree caps, no blocking on a FIFO); a
+source it refuses becomes an `Environment.unsupported` entry naming the instruction and why,
+with nothing of the host in the Task. On Docker, such a COPY fails to build (ERROR), never
+bringing a host file into the image."""
 
 from __future__ import annotations
 
@@ -20,8 +28,9 @@ from terminal_rsi.tasks import (
     load_terminal_bench_task,
     spec,
 )
+from terminal_rsi.tasks.check_tasks import check_task
 from terminal_rsi.tasks.harbor import find_task_dirs
-from tests.tasks.conftest import harbor_files, tb_files, write
+from tests.tasks.conftest import BASE, harbor_files, need_task_image, tb_files, write
 
 SECRET = "HOST-SECRET-7f3a9c"  # what a hostile task would like to read from the host
 
@@ -58,7 +67,22 @@ def _refused(load, root, file, field, fragment):
 def _all_bytes(task: Task) -> bytes:
     return b"".join([*task.environment.files.values(), *task.verifier.files.values(),
                      task.instruction.encode(), task.verifier.command.encode(),
-                     *(c.encode() for turn in task.solution for c in turn)])
+                     *(c.encode() for turn in task.solution for c in turn),
+                     *(u.encode() for u in task.environment.unsupported),
+                     *(w.encode() for w in task.warnings)])
+
+
+def _not_copied(task: Task, op: str, src: str, *fragments: str) -> str:
+    """The loader did not take the COPY/ADD source `src`: one `Environment.unsupported` entry
+    names the instruction, the source and why (`fragments`); the Task holds nothing of the
+    host and seeds no file of that source."""
+    hits = [u for u in task.environment.unsupported if u.startswith(f"{op} {src}")]
+    assert len(hits) == 1, (op, src, task.environment.unsupported)
+    for fragment in fragments:
+        assert fragment in hits[0], hits[0]
+    assert SECRET.encode() not in _all_bytes(task)
+    assert os.path.basename(src) not in task.environment.files, dict(task.environment.files)
+    return hits[0]
 
 
 # ---------------------------------------------------------------- COPY / ADD sources
@@ -70,47 +94,73 @@ def _all_bytes(task: Task) -> bytes:
     ("../host_secret.txt", "leaves the build context"),
     ("sub/../../host_secret.txt", "leaves the build context"),
 ])
-def test_copy_sources_outside_the_build_context_are_refused(tmp_path, secret, src, fragment):
+def test_copy_sources_outside_the_build_context_are_not_read(tmp_path, secret, src, fragment):
     root = _tb(tmp_path, Dockerfile=f"FROM x\nWORKDIR /app\nCOPY {src} .\n")
-    _refused(load_terminal_bench_task, root, "Dockerfile", "COPY", fragment)
+    _not_copied(load_terminal_bench_task(root), "COPY", src, fragment)
     root = write(tmp_path / "h", harbor_files(**{
         "environment/Dockerfile": f"FROM x\nWORKDIR /app\nADD {src} /app/\n"}))
-    _refused(load_harbor_task, root, "environment/Dockerfile", "ADD", fragment)
+    _not_copied(load_harbor_task(root), "ADD", src, fragment)
 
 
 def test_harbor_copy_may_not_reach_the_rest_of_the_task_dir(tmp_path):
     # the build context is environment/: tests/ and solution/ are outside it, as for Docker
     root = _harbor(tmp_path, **{"environment/Dockerfile":
                                 "FROM x\nWORKDIR /app\nCOPY ../tests/test.sh .\n"})
-    _refused(load_harbor_task, root, "environment/Dockerfile", "COPY", "leaves the build")
+    task = load_harbor_task(root)
+    _not_copied(task, "COPY", "../tests/test.sh", "leaves the build context environment/")
+    assert task.environment.files == {}
 
 
 @pytest.mark.parametrize("target", ["host_secret", "/etc/hostname", "name2.txt"])
-def test_a_symlink_in_the_build_context_is_refused(tmp_path, secret, target):
+def test_a_symlink_in_the_build_context_is_not_followed(tmp_path, secret, target):
     root = _tb(tmp_path, **{"name.txt": None, "name2.txt": "inside\n"})
     os.symlink(secret if target == "host_secret" else target, os.path.join(root, "name.txt"))
-    err = _refused(load_terminal_bench_task, root, "name.txt", "COPY", "is a symbolic link")
-    assert "links are refused" in str(err)
+    task = load_terminal_bench_task(root)
+    _not_copied(task, "COPY", "name.txt", "is a symbolic link", "links are refused",
+                os.path.join(root, "name.txt"))
+    assert task.environment.files == {}  # not even the target inside the context
 
 
-def test_a_symlink_inside_a_copied_directory_is_refused(tmp_path, secret):
+def test_a_symlink_inside_a_copied_directory_is_not_followed(tmp_path, secret):
     root = _tb(tmp_path, Dockerfile="FROM x\nWORKDIR /app\nCOPY data/ /app/data/\n",
                **{"data/ok.txt": "fine\n", "data/deeper/ok2.txt": "fine\n"})
     os.symlink(secret, os.path.join(root, "data", "deeper", "leak.txt"))
-    _refused(load_terminal_bench_task, root, "data/deeper/leak.txt", "COPY",
-             "is a symbolic link")
+    task = load_terminal_bench_task(root)
+    _not_copied(task, "COPY", "data/", "is a symbolic link",
+                os.path.join(root, "data", "deeper", "leak.txt"))
+    assert task.environment.files == {}  # the directory is not taken in part
 
 
-def test_a_symlinked_directory_in_the_build_context_is_refused(tmp_path):
+def test_a_symlinked_directory_in_the_build_context_is_not_followed(tmp_path):
     root = _tb(tmp_path, Dockerfile="FROM x\nWORKDIR /app\nCOPY etc/passwd .\n")
     os.symlink("/etc", os.path.join(root, "etc"))
-    _refused(load_terminal_bench_task, root, "etc", "COPY", "is a symbolic link")
+    task = load_terminal_bench_task(root)
+    _not_copied(task, "COPY", "etc/passwd", "is a symbolic link", os.path.join(root, "etc"))
+    assert task.environment.files == {}
 
 
-def test_copy_of_the_whole_context_with_a_link_in_it_is_refused(tmp_path, secret):
+def test_copy_of_the_whole_context_with_a_link_in_it_is_not_followed(tmp_path, secret):
     root = _tb(tmp_path, Dockerfile="FROM x\nWORKDIR /app\nCOPY . .\n")
     os.symlink(secret, os.path.join(root, "zz-link"))
-    _refused(load_terminal_bench_task, root, "zz-link", "COPY", "is a symbolic link")
+    task = load_terminal_bench_task(root)
+    _not_copied(task, "COPY", ".", "is a symbolic link", os.path.join(root, "zz-link"))
+    assert task.environment.files == {}
+
+
+@pytest.mark.parametrize("case", ["absolute", "parent", "link"])
+def test_on_docker_a_hostile_copy_does_not_build(tmp_path, secret, case):
+    """The engine resolves COPY sources inside the build context only (an absolute source
+    is a context path, `..` stays in the context, a link is not followed out of it): the
+    build fails, an ERROR naming the task, and no host file reaches an image."""
+    need_task_image()
+    src = {"absolute": secret, "parent": "../host_secret.txt", "link": "name.txt"}[case]
+    root = _tb(tmp_path, Dockerfile=f"FROM {BASE}\nWORKDIR /app\nCOPY {src} .\n",
+               **({"name.txt": None} if case == "link" else {}))
+    if case == "link":
+        os.symlink(secret, os.path.join(root, "name.txt"))
+    row = check_task(load_terminal_bench_task(root), "docker")
+    assert row["verdict"] == "ERROR" and "does not build" in row["why"], row
+    assert SECRET not in str(row)
 
 
 def test_copy_from_another_stage_is_unsupported_not_read(tmp_path):
@@ -184,7 +234,10 @@ def test_a_fifo_is_refused_without_blocking(tmp_path, where, field):
         os.unlink(path)
     os.mkfifo(path)
     t0 = time.monotonic()
-    _refused(load_harbor_task, root, where, field, "FIFO")
+    if field == "COPY":  # a Dockerfile source: not the loader's to refuse, only not read
+        _not_copied(load_harbor_task(root), "COPY", "name.txt", "FIFO", path)
+    else:
+        _refused(load_harbor_task, root, where, field, "FIFO")
     assert time.monotonic() - t0 < 5
 
 
@@ -234,10 +287,25 @@ def test_too_many_files_are_refused(tmp_path, monkeypatch):
 
 def test_copied_files_share_one_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(spec, "MAX_TREE_BYTES", 100)
-    root = _tb(tmp_path, Dockerfile="FROM x\nWORKDIR /app\nCOPY a.txt .\nCOPY b.txt .\n",
-               **{"a.txt": "a" * 60, "b.txt": "b" * 60,
+    root = _tb(tmp_path, Dockerfile="FROM x\nWORKDIR /app\nCOPY a.txt .\nCOPY b.txt .\n"
+                                    "COPY c.txt .\n",
+               **{"a.txt": "a" * 60, "b.txt": "b" * 60, "c.txt": "c",
                   "tests/test_outputs.py": "def test_x():\n    pass\n"})
-    _refused(load_terminal_bench_task, root, "b.txt", "COPY", "larger than 100 bytes")
+    task = load_terminal_bench_task(root)
+    _not_copied(task, "COPY", "b.txt", "larger than 100 bytes", os.path.join(root, "b.txt"))
+    # past the cap nothing more is read, however small
+    _not_copied(task, "COPY", "c.txt", "not read", "tree caps")
+    assert dict(task.environment.files) == {"a.txt": b"a" * 60}
+
+
+def test_a_huge_copied_file_is_not_read(tmp_path):
+    root = _tb(tmp_path, Dockerfile="FROM x\nWORKDIR /app\nCOPY big.bin .\n")
+    with open(os.path.join(root, "big.bin"), "wb") as f:
+        f.truncate(spec.MAX_TREE_BYTES + 1)  # sparse: reading it would be slow
+    t0 = time.monotonic()
+    task = load_terminal_bench_task(root)
+    assert time.monotonic() - t0 < 1
+    _not_copied(task, "COPY", "big.bin", "is larger than", os.path.join(root, "big.bin"))
 
 
 def test_a_deep_tree_is_refused(tmp_path):
@@ -301,10 +369,16 @@ def test_pathological_yaml_is_a_format_error(tmp_path, text):
     ("ENV", "needs a name and a value"),
     ("ENV 1BAD=x", "not a valid variable name"),
     ("ENV A='unclosed", "cannot be split"),
+    ("ENV BIG=" + "x" * (spec.MAX_ENV_VALUE_BYTES + 1), "the value of BIG"),
 ])
 def test_bad_env_lines_are_named(tmp_path, line, fragment):
+    """A bad ENV line is the engine's to judge when it builds; the loader names it as a step
+    a local sandbox cannot reproduce, and the Environment never carries it."""
     root = _tb(tmp_path, Dockerfile=f"FROM x\nWORKDIR /app\n{line}\n")
-    _refused(load_terminal_bench_task, root, "Dockerfile", "ENV", fragment)
+    env = load_terminal_bench_task(root).environment
+    hits = [u for u in env.unsupported if u.startswith("ENV") and fragment in u]
+    assert len(hits) == 1 and len(hits[0]) < 1000, env.unsupported
+    assert dict(env.env) == {}
 
 
 # ---------------------------------------------------------------- suites

@@ -30,8 +30,10 @@ def test_terminal_bench_fields(tb_dir):
     assert (t.metadata.difficulty, t.metadata.category, t.metadata.tags) == (
         "easy", "file-operations", ("files", "echo"))
     assert t.expected_checks == 4
+    # the workspace files and RUN steps a local sandbox would reproduce; the Dockerfile's
+    # WORKDIR and ENV are the built image's (no compose working_dir or environment here)
     assert dict(t.environment.files) == {"name.txt": b"ada\n"}
-    assert t.environment.workdir == "/app"
+    assert t.environment.workdir is None and t.environment.env == {}
     assert t.environment.setup == ("mkdir -p logs && echo started > logs/setup.txt",)
     assert len(t.solution) == 1 and "greeting.txt" in t.solution[0][0]
     assert t.oracle.command == "bash /oracle/solution.sh" and t.oracle.dir == "/oracle"
@@ -57,6 +59,7 @@ def test_harbor_fields(harbor_dir):
     assert t.verifier.timeout_s == 60
     assert t.environment.memory_mb == 2048 and t.environment.storage_mb == 512
     assert dict(t.environment.files) == {"name.txt": b"ada\n"}
+    assert t.environment.workdir is None and t.environment.env == {}  # the image's own
     # nothing in test.sh is rewritten: it runs at /tests as Harbor runs it
     assert t.verifier.command == "bash /tests/test.sh" and t.verifier.tests_dir == TESTS_DIR
     assert t.verifier.files["test.sh"] == harbor_files()["tests/test.sh"].encode()

@@ -12,6 +12,7 @@ import pytest
 
 from terminal_rsi.tasks import (
     TaskFormatError,
+    _files,
     load_harbor_task,
     load_task_dirs,
     load_terminal_bench_task,
@@ -41,6 +42,14 @@ def _harbor(tmp_path, name="task", **overrides):
 def _df(tmp_path, dockerfile, **files):
     """The Environment of a Terminal-Bench task with this Dockerfile."""
     return _tb(tmp_path, Dockerfile=textwrap.dedent(dockerfile).lstrip(), **files).environment
+
+
+def _parsed(tmp_path, dockerfile, **files):
+    """What `parse_dockerfile` reads of this Dockerfile for a local sandbox (its ENV values
+    and last WORKDIR included, which the Environment leaves to the built image)."""
+    root = write(tmp_path / "task", real_tb_files(
+        Dockerfile=textwrap.dedent(dockerfile).lstrip(), **files))
+    return _files.parse_dockerfile(_files.TaskDir(root), "Dockerfile")
 
 
 def _refused(root, load, file, field, fragment=""):
@@ -245,11 +254,16 @@ def test_fields_not_used_are_one_warning_each(tmp_path):
     """, "  db:\n    image: postgres:16\n    ports: ['5432']\nnetworks:\n  n: {}\n")
     compose = compose.replace('[ "sh", "-c", "sleep infinity" ]', "python -m http.server")
     t = _tb(tmp_path, **{"docker-compose.yaml": compose})
-    for key in ("ports", "healthcheck", "depends_on", "mem_limit", "command"):
+    for key in ("ports", "healthcheck", "mem_limit", "command"):
         assert len(_warned(t, f"services.client.{key} is not used")) == 1
     _warned(t, "top-level 'networks' is not used")
     assert t.environment.services == ("client", "db")
-    assert not [w for w in t.warnings if "services.db" in w]  # other services: `services`
+    # the agent's depends_on is honoured (every other service starts first); the other
+    # services are read as sidecars, so what of them is not used is one warning each too
+    assert not [w for w in t.warnings if "depends_on" in w], t.warnings
+    assert [s.name for s in t.environment.sidecars] == ["db"]
+    assert [w for w in t.warnings if "services.db" in w] == [
+        "docker-compose.yaml: services.db.ports is not used"]
 
 
 @pytest.mark.parametrize("compose, field, fragment", [
@@ -325,16 +339,20 @@ def test_copy_from_a_stage_and_absolute_sources_are_unsupported(tmp_path):
 
 
 def test_a_stage_built_from_an_earlier_one_inherits_it(tmp_path):
-    env = _df(tmp_path, """
+    dockerfile = """
         FROM python:3.13 AS base
         ENV A=1
         WORKDIR /app
         COPY name.txt .
         FROM base
         RUN echo two
-    """)
-    assert env.base_image == "python:3.13" and env.env["A"] == "1"
+    """
+    env = _df(tmp_path, dockerfile)
+    assert env.base_image == "python:3.13" and env.env == {"TEST_DIR": "/tests"}  # compose
     assert dict(env.files) == {"name.txt": b"ada\n"} and env.setup == ("echo two",)
+    assert any(u.startswith("the Dockerfile's ENV lines") for u in env.unsupported)
+    df = _parsed(tmp_path / "p", dockerfile)
+    assert df.env == {"A": "1"} and df.workdir == "/app" and df.setup == ("echo two",)
 
 
 def test_comments_and_empty_lines_inside_a_continued_run_are_dropped(tmp_path):
@@ -375,37 +393,57 @@ def test_build_arguments(tmp_path):
     assert any("build argument V" in u and u.startswith("FROM") for u in env.unsupported)
 
 
+ENV_PATHS = """
+    FROM x
+    ENV PATH=/opt/x/bin:$PATH
+    ENV GOPATH=/go PATH="/usr/local/go/bin:${PATH}"
+    ENV PATH ${GOPATH}/bin:$PATH
+    ENV A=1
+    ENV A=2 B=$A C=${A:-no} E=${A:+yes}
+    ENV D=${UNSET:+x}
+"""
+
+
 def test_env_path_is_expanded(tmp_path):
-    env = _df(tmp_path, """
-        FROM x
-        ENV PATH=/opt/x/bin:$PATH
-        ENV GOPATH=/go PATH="/usr/local/go/bin:${PATH}"
-        ENV PATH ${GOPATH}/bin:$PATH
-        ENV A=1
-        ENV A=2 B=$A C=${A:-no} E=${A:+yes}
-        ENV D=${UNSET:+x}
-    """)
-    assert env.env["PATH"] == "/go/bin:/usr/local/go/bin:/opt/x/bin:" + DEBIAN_PATH
+    """For a local sandbox the ENV values are expanded as Docker would (PATH from Debian's)."""
+    df = _parsed(tmp_path, ENV_PATHS)
+    assert df.env["PATH"] == "/go/bin:/usr/local/go/bin:/opt/x/bin:" + DEBIAN_PATH
     # on one line, Docker expands against the ENV lines before it
-    assert (env.env["A"], env.env["B"], env.env["C"], env.env["E"]) == ("2", "1", "1", "yes")
-    assert "D" not in env.env and any("$UNSET" in u for u in env.unsupported)
+    assert (df.env["A"], df.env["B"], df.env["C"], df.env["E"]) == ("2", "1", "1", "yes")
+    assert "D" not in df.env and any("$UNSET" in u for u in df.unsupported)
+
+
+def test_dockerfile_env_is_left_to_the_image(tmp_path):
+    """The Environment never restates the Dockerfile's ENV (a PATH expanded here could hide
+    the base image's): the engine applies it; a local sandbox, which has no image, names it
+    as a step it cannot reproduce."""
+    env = _df(tmp_path, ENV_PATHS)
+    assert env.env == {"TEST_DIR": "/tests"}  # only the compose file's run-time environment
+    assert any(u.startswith("the Dockerfile's ENV lines") for u in env.unsupported)
+    assert any("$UNSET" in u for u in env.unsupported)
+    plain = _df(tmp_path / "plain", "FROM x\nWORKDIR /app\nCOPY name.txt .\n")
+    assert not any("ENV" in u for u in plain.unsupported)
 
 
 def test_env_that_cannot_be_expanded_honestly_is_unsupported(tmp_path):
-    env = _df(tmp_path, """
+    dockerfile = """
         FROM x
         ENV LD_LIBRARY_PATH=/opt/lib:$LD_LIBRARY_PATH
         ENV S='$PATH stays'
         ENV
         ENV 1BAD=x
         ENV Q='unclosed
-    """)
-    assert "LD_LIBRARY_PATH" not in env.env and env.env["S"] == "$PATH stays"
-    text = "\n".join(env.unsupported)
-    for fragment in ("LD_LIBRARY_PATH", "needs a name and a value", "not a valid variable name",
-                     "unclosed"):
-        assert fragment in text
-    assert all("$" not in v for k, v in env.env.items() if k != "S")
+    """
+    df = _parsed(tmp_path, dockerfile)
+    assert "LD_LIBRARY_PATH" not in df.env and df.env["S"] == "$PATH stays"
+    assert all("$" not in v for k, v in df.env.items() if k != "S")
+    env = _df(tmp_path / "env", dockerfile)
+    assert env.env == {"TEST_DIR": "/tests"}
+    for unsupported in (df.unsupported, env.unsupported):
+        text = "\n".join(unsupported)
+        for fragment in ("LD_LIBRARY_PATH", "needs a name and a value",
+                         "not a valid variable name", "unclosed"):
+            assert fragment in text
 
 
 @pytest.mark.parametrize("dockerfile, fragment", [
@@ -475,7 +513,10 @@ def test_the_dockerfile_itself_keeps_the_task_dir_guarantees(tmp_path):
     ("FROM x\nRUN true\n", None),  # the image's own WORKDIR, whatever the base sets
 ])
 def test_workdir_is_the_last_workdir(tmp_path, dockerfile, workdir):
-    assert _df(tmp_path, dockerfile).workdir == workdir
+    assert _parsed(tmp_path, dockerfile).workdir == workdir
+    # the Environment's workdir is the run-time one (compose working_dir, Harbor's
+    # [environment] workdir): without one, the built image's WORKDIR applies
+    assert _df(tmp_path / "env", dockerfile).workdir is None
 
 
 # ------------------------------------------------------------------ Terminal-Bench task.yaml
@@ -583,7 +624,8 @@ def test_harbor_defaults(tmp_path):
     t = _harbor(tmp_path, **{"task.toml": "[metadata]\nanything = 1\n"})
     env = t.environment
     assert env.build_timeout_s == 600 and env.cpus is None and env.memory_mb is None
-    assert env.network is False and env.gpus == 0 and env.workdir == "/app"
+    assert env.network is False and env.gpus == 0
+    assert env.workdir is None and env.env == {}  # the image's WORKDIR /app and ENV apply
     _warned(t, "allow_internet", "Harbor's default is internet access", "offline")
     assert not [w for w in t.warnings if "anything" in w]  # [metadata] is free-form
 
@@ -779,3 +821,54 @@ def test_links_are_refused_and_nothing_found_says_where_it_looked(tmp_path):
         find_task_dirs(str(tmp_path / "empty"))
     assert "task.toml" in str(e.value) and os.path.join(str(tmp_path / "empty"), "tasks") \
         in str(e.value)
+
+
+# ------------------------------------------------------------------ services beside the agent's
+
+SIDECARS = """\
+  api:
+    build:
+      context: .
+      dockerfile: api.Dockerfile
+    command: python3 -m http.server 8080
+    environment: {MODE: "${T_BENCH_TEST_DIR}"}
+    working_dir: /srv
+    healthcheck:
+      test: curl -f http://localhost:8080
+      interval: 1s
+      retries: 3
+  cache:
+    image: redis:7
+    entrypoint: ["redis-server", "--save", ""]
+"""
+
+
+def test_the_other_services_are_sidecars(tmp_path):
+    compose = tb_compose("depends_on: {api: {condition: service_healthy}}") + SIDECARS
+    t = _tb(tmp_path, **{"docker-compose.yaml": compose,
+                         "api.Dockerfile": "FROM trsi-task-base:bookworm\n"})
+    env, root = t.environment, str(tmp_path / "task")
+    assert env.multi_container and env.services == ("client", "api", "cache")
+    api, cache = env.sidecars
+    assert api.name == "api" and api.image is None
+    assert api.dockerfile == os.path.join(root, "api.Dockerfile") and api.context == root
+    assert api.command == ("python3", "-m", "http.server", "8080")
+    assert dict(api.env) == {"MODE": "/tests"} and api.workdir == "/srv"
+    assert dict(api.healthcheck) == {"test": ["CMD-SHELL", "curl -f http://localhost:8080"],
+                                     "interval": "1s", "retries": 3}
+    assert cache.image == "redis:7" and cache.dockerfile is None
+    assert cache.entrypoint == ("redis-server", "--save", "") and cache.command is None
+    assert not [w for w in t.warnings if "services.api" in w or "services.cache" in w]
+
+
+@pytest.mark.parametrize("service, field, fragment", [
+    ("  db:\n    environment: {A: b}\n", "services.db.image", "needs a build or an image"),
+    ("  db:\n    build: ../elsewhere\n", "services.db.build.context", "leaves the task"),
+    ("  db:\n    image: x\n    healthcheck: [1]\n", "services.db.healthcheck", "a mapping"),
+    ("  db:\n    image: x\n    healthcheck: {retries: -1}\n", "services.db.healthcheck.retries",
+     "integer"),
+    ("  db:\n    image: x\n    command: {a: 1}\n", "services.db.command", "list of strings"),
+])
+def test_malformed_sidecars_name_file_and_field(tmp_path, service, field, fragment):
+    root = write(tmp_path / "t", real_tb_files(**{"docker-compose.yaml": TB_COMPOSE + service}))
+    _refused(root, load_terminal_bench_task, "docker-compose.yaml", field, fragment)
