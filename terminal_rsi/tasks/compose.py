@@ -132,7 +132,9 @@ class AgentService:
 
     `dockerfile`, `context`: task-directory-relative (None: the service has no build);
     `image`: set only when there is no build and it is not a name of the harness's own;
-    `env`: its `environment`; `workdir`: its `working_dir`.
+    `env`: its `environment`; `workdir`: its `working_dir`; `volumes`: its bind mounts of
+    files inside the build context as (task-directory-relative source, absolute target),
+    copied in at start; `sidecars`: the other services.
     """
 
     name: str
@@ -144,6 +146,7 @@ class AgentService:
     workdir: str | None = None
     warnings: tuple[str, ...] = ()
     sidecars: tuple[Sidecar, ...] = ()
+    volumes: tuple[tuple[str, str], ...] = ()
 
 
 def find_compose(td: _files.TaskDir, directory: str, harness: str
@@ -324,6 +327,7 @@ class _Service:
         self.td, self.rel, self.name, self.svc, self.sub = td, rel, name, svc, sub
         self.path, self.dir = td.path(rel), posixpath.dirname(rel)
         self.warnings = warnings
+        self.volumes: list[tuple[str, str]] = []
 
     def field(self, key: str) -> str:
         return f"services.{self.name}.{key}"
@@ -349,7 +353,8 @@ class _Service:
         self._command()
         self._volumes(context)
         return AgentService(self.name, services, dockerfile, context, image,
-                            self._environment(), self._workdir(), tuple(self.warnings))
+                            self._environment(), self._workdir(), tuple(self.warnings),
+                            volumes=tuple(self.volumes))
 
     def sidecar(self) -> Sidecar:
         """This service as one beside the agent's: what `Sidecar` runs of it."""
@@ -364,6 +369,9 @@ class _Service:
         if dockerfile is None and not image:
             raise self.error("image", "a service beside the agent's needs a build or an image")
         self._volumes(context)
+        for src, target in self.volumes:
+            self.warn(f"{self.field('volumes')}: {src or '.'} is not copied to {target} (only "
+                      "the agent's service gets its volumes from the build context)")
         return Sidecar(
             self.name, dockerfile=self.td.path(dockerfile) if dockerfile else None,
             context=self.td.path(context) if dockerfile else None, image=image,
@@ -521,7 +529,30 @@ class _Service:
         src = self.text(source, key) if source is not None else None
         if src is not None and self.sub.used & self.sub.vars.host_paths:
             return  # the harness's own log mount: how it collects logs, not the task's
+        target = vol.get("target") if isinstance(vol, dict) else (
+            parts[1] if len(parts) >= 2 else None)
+        copied = self._copied_volume(src, kind, context, target, key)
+        if copied is not None:
+            self.volumes.append(copied)
+            return
         self.warn(f"volume {shown!r} is not mounted; {self._why(src, kind, context)}")
+
+    def _copied_volume(self, src: str | None, kind: str | None, context: str | None,
+                       target, key: str) -> tuple[str, str] | None:
+        """A bind mount of a file or directory inside the build context, as (its task-
+        directory-relative source, its absolute target): copied into the container when it
+        starts (a snapshot, so the container never writes into the task directory)."""
+        if not src or kind != "bind" or src.startswith(("/", "~")) or context is None:
+            return None
+        norm = posixpath.normpath(posixpath.join(self.dir, src) if self.dir else src)
+        inside = not norm.startswith("../") and norm != ".." and (
+            context == "" or norm == context or norm.startswith(context + "/"))
+        if not inside or self.td.kind(norm, self.field(key)) not in ("file", "dir"):
+            return None
+        target = self.text(target, key) if target is not None else ""
+        if not target.startswith("/"):
+            raise self.error(key, f"the target {target[:200]!r} is not an absolute path")
+        return ("" if norm == "." else norm), "/" + posixpath.normpath(target).lstrip("/")
 
     def _why(self, src: str | None, kind: str | None, context: str | None) -> str:
         if not src or kind not in ("bind", "volume"):

@@ -270,7 +270,7 @@ def _environment(td: _files.TaskDir, envc: dict, file: str, warnings: list[str]
         td, dockerfile=dockerfile, context=context, compose_file=rel, env=svc.env,
         workdir=workdir or svc.workdir, services=(svc.name, *(
             s for s in svc.services if s != svc.name)), agent_service=svc.name,
-        sidecars=svc.sidecars, **fields)
+        sidecars=svc.sidecars, volumes=svc.volumes, **fields)
 
 
 def _mode(ver: dict, file: str) -> str:

@@ -248,6 +248,8 @@ class Environment:
       services: the compose file's service names (more than one: a multi-container setup).
       agent_service: the compose service the agent works in.
       sidecars: the other services (`Sidecar`), started before the agent's.
+      volumes: (task-directory-relative source, absolute target) of the agent service's
+        bind mounts from inside its build context: copied into the container at start.
       gpus: GPUs the task asks for (0: none).
     """
 
@@ -271,8 +273,16 @@ class Environment:
     agent_service: str | None = None
     gpus: int = 0
     sidecars: tuple[Sidecar, ...] = ()
+    volumes: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "volumes", tuple(tuple(v) for v in self.volumes))
+        for source, target in self.volumes:
+            if not (isinstance(source, str) and not source.startswith("/")
+                    and _absolute_path(target)):
+                raise TaskFormatError(self.dockerfile or "Environment", "volumes",
+                                      f"expected (relative source, absolute target), got "
+                                      f"{_show((source, target))}")
         object.__setattr__(self, "services", tuple(self.services))
         object.__setattr__(self, "sidecars", tuple(self.sidecars))
         if not all(isinstance(s, Sidecar) for s in self.sidecars):

@@ -175,7 +175,7 @@ def _environment(td: _files.TaskDir, task_id: str, warnings: list[str]
     env = compose.environment(
         td, dockerfile=svc.dockerfile, context=svc.context, compose_file=rel, env=svc.env,
         workdir=svc.workdir, image=svc.image, services=svc.services,
-        agent_service=svc.name, sidecars=svc.sidecars)
+        agent_service=svc.name, sidecars=svc.sidecars, volumes=svc.volumes)
     return env, dict(svc.env)
 
 

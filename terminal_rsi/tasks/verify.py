@@ -70,7 +70,9 @@ from terminal_rsi.sandbox.compose import ComposeService, open_compose_sandbox
 from terminal_rsi.sandbox.docker_backend import docker_available
 from terminal_rsi.sandbox.errors import InfrastructureError
 from terminal_rsi.sandbox.terminal import session_keystrokes
+from terminal_rsi.tasks import _files
 from terminal_rsi.tasks.spec import (
+    MAX_TREE_BYTES,
     SESSION_SOLUTION_WAIT_S,
     TERMINAL_TAG,
     VERIFIER_LOGS_DIR,
@@ -290,10 +292,11 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
     check_plain_allowed(task, backend, allow_plain)
     sb = start_sandbox(task, backend, image, allow_plain=plain_allowed(task, allow_plain),
                        allow_network=allow_network, **sandbox_kwargs)
-    if in_task_image(task):
-        return sb  # the image holds the task's files where its Dockerfile put them
     try:
         env = task.environment
+        if in_task_image(task):  # the image holds the task's files where its Dockerfile put
+            copy_volumes(task, sb)  # them; bind mounts from the build context are copied
+            return sb
         seed_files(sb, env.files, env.modes)
         if backend != "docker" and not backend.startswith(("http://", "https://")):
             for cmd in env.setup:
@@ -307,6 +310,23 @@ def open_task_sandbox(task: Task, backend: str = DEFAULT_BACKEND, *,
         sb.close()
         raise
     return sb
+
+
+def copy_volumes(task: Task, sb) -> None:
+    """Copy the agent service's bind mounts from inside its build context
+    (`Environment.volumes`) into the container: a snapshot read through the task directory's
+    guarded reader (no links, sizes capped), so nothing the container does reaches the task
+    directory."""
+    if not task.environment.volumes:
+        return
+    td = _files.TaskDir(task.source)
+    for source, target in task.environment.volumes:
+        if td.kind(source, "volumes") == "dir":
+            sb.put_tar(files_to_tar(td.read_tree(source, "volumes"), mode=0o755), dest=target)
+        else:
+            data = td.read_bytes(source, "volumes", limit=MAX_TREE_BYTES)
+            sb.put_tar(files_to_tar({posixpath.basename(target): data}, mode=0o755),
+                       dest=posixpath.dirname(target))
 
 
 def start_sandbox(task: Task, backend: str, image: str | None, *, allow_plain: bool,
@@ -714,7 +734,8 @@ def verify(
         report = VerificationReport.invalid(str(e), terminal_success=False)
         return VerificationResult(task.id, task.family, report, None, None, None,
                                   types.MappingProxyType({}), mode, time.monotonic() - t0)
-    except SandboxError as e:
+    except (SandboxError, EnvironmentUnavailable, EnvironmentBuildFailed) as e:
+        # (the last two: a fresh verifier sandbox whose environment cannot start now)
         raise VerifierError("infrastructure", f"task {task.id}: sandbox failure during "
                             f"verification: {e}") from e
     finally:

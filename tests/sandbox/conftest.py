@@ -108,6 +108,15 @@ class BridgeServer:
         return self.proc.returncode
 
 
+@pytest.fixture(scope="module")
+def client():
+    """A Docker SDK client of the running engine (the default sandbox image present)."""
+    need_docker_image()
+    from terminal_rsi.sandbox.docker_backend import docker_client
+
+    return docker_client()
+
+
 @pytest.fixture(scope="session")
 def bridge(tmp_path_factory):
     need_bwrap()

@@ -21,22 +21,12 @@ from terminal_rsi.sandbox.compose import (
     compose_document,
     open_compose_sandbox,
 )
-from terminal_rsi.sandbox.docker_backend import docker_client
 from terminal_rsi.sandbox.image import BASE_TAG, build_context_image
-
-from .conftest import need_docker_image
 
 SERVER = ("python3", "-c", "import http.server as h; h.HTTPServer(('0.0.0.0', 8080), "
           "h.SimpleHTTPRequestHandler).serve_forever()")
 FETCH = ("python3 -c \"import urllib.request as u; "
          "print(u.urlopen('http://{host}:8080/', timeout=5).status)\"")
-
-
-@pytest.fixture(scope="module")
-def client():
-    need_docker_image()
-
-    return docker_client()
 
 
 @pytest.fixture(scope="module")

@@ -24,17 +24,9 @@ import pytest
 from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec, procs
 from terminal_rsi.sandbox.base import TarLimits
 
-from .conftest import REPO, make_tar, mounted, need_docker_image, tar_members
+from .conftest import REPO, make_tar, mounted, tar_members
 
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def client():
-    need_docker_image()
-    from terminal_rsi.sandbox.docker_backend import docker_client
-
-    return docker_client()
 
 
 @pytest.fixture(scope="module")

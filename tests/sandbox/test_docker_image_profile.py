@@ -23,7 +23,7 @@ from terminal_rsi.sandbox import (
 )
 from terminal_rsi.sandbox.base import files_to_tar
 
-from .conftest import BridgeServer, need, need_docker_image, tar_members
+from .conftest import BridgeServer, need, tar_members
 
 SMALL = dict(memory_mb=256, pids=64, disk_mb=64, cpus=1.0)
 ROOT_DOCKERFILE = """FROM {base}
@@ -50,14 +50,6 @@ def _build(client, dockerfile: str, name: str) -> str:
                            input=dockerfile.encode(), capture_output=True, timeout=300)
         assert r.returncode == 0, r.stderr.decode()
     return tag
-
-
-@pytest.fixture(scope="module")
-def client():
-    need_docker_image()
-    from terminal_rsi.sandbox.docker_backend import docker_client
-
-    return docker_client()
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,6 @@ from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec
 from terminal_rsi.sandbox.pty_session import key_bytes
 from terminal_rsi.sandbox.terminal import is_key_name
 
-from .conftest import need_docker_image
-
 NO_TMUX_REPO = "trsi-test-notmux"
 PS = "ps -eo pid=,args="
 
@@ -63,14 +61,6 @@ def test_key_bytes_refuses_text(text):
 
 
 # ----------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def client():
-    need_docker_image()
-    from terminal_rsi.sandbox.docker_backend import docker_client
-
-    return docker_client()
 
 
 @pytest.fixture(scope="module")

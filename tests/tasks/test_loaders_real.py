@@ -225,22 +225,33 @@ def test_working_dir_is_the_workdir(tmp_path):
              "services.client.working_dir", "absolute path")
 
 
-def test_volumes_other_than_the_log_mounts_are_warned(tmp_path):
+def test_volumes_from_the_build_context_are_copied_the_rest_warned(tmp_path):
     compose = TB_COMPOSE.replace(
         "${T_BENCH_CONTAINER_AGENT_LOGS_PATH}\n",
-        "${T_BENCH_CONTAINER_AGENT_LOGS_PATH}\n      - ./data:/data\n      - ../up:/up\n"
+        "${T_BENCH_CONTAINER_AGENT_LOGS_PATH}\n      - ./data:/data:ro\n      - ../up:/up\n"
         "      - /var/run/docker.sock:/var/run/docker.sock\n      - cache:/cache\n"
-        "      - /anon\n      - type: bind\n        source: ./data\n        target: /d2\n")
+        "      - /anon\n      - type: bind\n        source: ./data/x.txt\n        target: /d2/x\n"
+        "      - ./missing:/m\n")
     t = _tb(tmp_path, **{"docker-compose.yaml": compose, "data/x.txt": "x\n"})
-    _warned(t, "volume './data:/data' is not mounted", "in the build context")
+    # bind mounts of what is inside the build context: copied in at start (a snapshot)
+    assert t.environment.volumes == (("data", "/data"), ("data/x.txt", "/d2/x"))
     _warned(t, "volume '../up:/up' is not mounted", "outside the build context")
     _warned(t, "volume '/var/run/docker.sock:/var/run/docker.sock' is not mounted",
             "path on the host")
     _warned(t, "volume 'cache:/cache' is not mounted", "named volumes")
     _warned(t, "volume '/anon' is not mounted")
-    _warned(t, "volume './data:/d2' is not mounted", "in the build context")
+    _warned(t, "volume './missing:/m' is not mounted")
     assert not [w for w in t.warnings if "T_BENCH" in w]
-    assert len([w for w in t.warnings if "volume" in w]) == 6
+    assert len([w for w in t.warnings if "volume" in w]) == 5
+
+
+def test_a_volume_target_must_be_absolute(tmp_path):
+    compose = TB_COMPOSE.replace("${T_BENCH_CONTAINER_AGENT_LOGS_PATH}\n",
+                                 "${T_BENCH_CONTAINER_AGENT_LOGS_PATH}\n      - ./data:rel\n")
+    root = write(tmp_path / "t", real_tb_files(**{"docker-compose.yaml": compose,
+                                                  "data/x.txt": "x"}))
+    _refused(root, load_terminal_bench_task, "docker-compose.yaml",
+             "services.client.volumes[2]", "not an absolute path")
 
 
 def test_fields_not_used_are_one_warning_each(tmp_path):

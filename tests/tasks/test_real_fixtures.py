@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 
 import pytest
 
@@ -104,3 +105,26 @@ def test_separate_mode_leaves_the_agents_processes_behind():
     of separate mode does not have it, so a task that queries one passes only shared."""
     row = check_task(_load(REAL, "tb-stats-server"), "docker", mode="separate")
     assert row["verdict"] == "FAIL" and row["S"] == 0 and row["mode"] == "separate", row
+
+
+def test_volumes_from_the_build_context_are_copied_in(tmp_path):
+    """A bind mount of the build context's `data/` lands in the container; what the
+    container writes there never reaches the task directory (a snapshot, not a mount)."""
+    root = tmp_path / "tb-sales-summary"
+    shutil.copytree(os.path.join(REAL, "tb-sales-summary"), root)
+    compose = (root / "docker-compose.yaml").read_text().replace(
+        "${T_BENCH_CONTAINER_AGENT_LOGS_PATH}\n",
+        "${T_BENCH_CONTAINER_AGENT_LOGS_PATH}\n      - ./data:/mnt/data\n"
+        "      - ./data/one.txt:/etc/one.txt:ro\n")
+    (root / "docker-compose.yaml").write_text(compose)
+    (root / "data" / "sub").mkdir(parents=True)
+    (root / "data" / "one.txt").write_text("1\n")
+    (root / "data" / "sub" / "two.txt").write_text("2\n")
+    need_task_image()
+    task = load_task_dir(str(root))
+    assert task.environment.volumes == (("data", "/mnt/data"), ("data/one.txt", "/etc/one.txt"))
+    with open_task_sandbox(task, "docker") as sb:
+        r = sb.exec("cat /mnt/data/one.txt /mnt/data/sub/two.txt /etc/one.txt; "
+                    "echo changed > /mnt/data/one.txt")
+        assert r.ok and r.stdout == "1\n2\n1\n", r
+    assert (root / "data" / "one.txt").read_text() == "1\n"
