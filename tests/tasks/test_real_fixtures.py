@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from terminal_rsi.tasks import load_task_dir, open_task_sandbox, run_solution, verify
 from terminal_rsi.tasks.check_tasks import check_task
 from tests.tasks.conftest import need_task_image
+from tests.tasks.fixtures import run_bare
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 REAL = os.path.join(FIXTURES, "real")
@@ -128,3 +130,23 @@ def test_volumes_from_the_build_context_are_copied_in(tmp_path):
                     "echo changed > /mnt/data/one.txt")
         assert r.ok and r.stdout == "1\n2\n1\n", r
     assert (root / "data" / "one.txt").read_text() == "1\n"
+
+
+@pytest.mark.parametrize("group, name", [
+    (REAL, "tb-sales-summary"), (REAL, "harbor-temperature-convert"),
+    (REAL_BAD, "harbor-solution-exits-1")])
+def test_ours_agrees_with_a_bare_docker_run_of_the_same_steps(group, name):
+    """The reference: the fixture run with bare docker commands the way Terminal-Bench's and
+    Harbor's own harnesses run it (run_bare.py: docker build/run/cp/exec, their verdict
+    rules, nothing of this project) reaches the verdict check_task reaches, with and without
+    the reference solution. (Harbor itself needs Python >= 3.12, which these machines lack.)"""
+    task = _load(group, name)
+    bare = run_bare.FixtureRun(Path(group) / name, run_bare.options([])).run()
+    assert bare.error == "" and bare.oracle is not None, bare
+    ours = check_task(task, "docker")
+    assert (ours["verdict"] == "PASS") == bare.oracle.resolved, (ours, bare)
+    if bare.nop is not None:  # the positive fixtures also ran without their solution
+        idle = dataclasses.replace(task, oracle=None, solution=(("true",),))
+        with open_task_sandbox(idle, "docker") as sb:
+            run_solution(idle, sb)
+            assert verify(idle, sb, backend="docker").S == int(bare.nop.resolved)
