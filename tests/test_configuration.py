@@ -69,7 +69,7 @@ def test_sandbox_backends_that_validate(backend):
     assert sandbox_backend_problem(backend) is None
     validate_config(ml_collections.ConfigDict({
         "experiment": "x", "seed": 0,
-        "tasks": {"backend": backend, "allow_plain_sandbox": "never"}}),
+        "tasks": {"backend": backend, "allow_plain_sandbox": "never", "allow_network": False}}),
         {**BASE_SCHEMA, **SANDBOX_SCHEMA})
 
 
@@ -82,7 +82,7 @@ def test_sandbox_backends_that_validate(backend):
 ])
 def test_a_bad_sandbox_backend_is_named_with_the_valid_values(backend, fragment):
     cfg = ml_collections.ConfigDict({"experiment": "x", "seed": 0, "tasks": {
-        "backend": backend, "allow_plain_sandbox": "never"}})
+        "backend": backend, "allow_plain_sandbox": "never", "allow_network": False}})
     with pytest.raises(ConfigError) as e:
         validate_config(cfg, {**BASE_SCHEMA, **SANDBOX_SCHEMA})
     msg = str(e.value)
