@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from terminal_rsi.sandbox import ExecResult
 from terminal_rsi.tasks.harbor import find_task_dirs, load_task_dir
 from terminal_rsi.tasks.registry import get_suite
 from terminal_rsi.tasks.spec import (
@@ -70,15 +71,16 @@ def solution_problem(task: Task, results: list[list[Any]]) -> str:
     last = results[-1][-1] if results and results[-1] else None
     if last is None:
         return ""
-    code = getattr(last, "exit_code", None)
-    text = getattr(last, "text", None)
-    text = (last.stdout + last.stderr) if text is None else text
+    if isinstance(last, ExecResult):
+        text, unfinished = last.stdout + last.stderr, last.timed_out
+    else:  # a SessionOutput: what the terminal showed
+        text, unfinished = last.text, not last.done
     tail = " ".join(text.strip()[-600:].split())
-    if getattr(last, "done", True) is False or getattr(last, "timed_out", False):
+    if unfinished:
         return (f"the reference solution did not finish within {task.agent_timeout_s:g} s: "
                 f"...{tail}")
-    if code not in (0, None):
-        return f"the reference solution exited {code}: ...{tail}"
+    if last.exit_code not in (0, None):
+        return f"the reference solution exited {last.exit_code}: ...{tail}"
     return ""
 
 
@@ -107,9 +109,7 @@ def check_task(task: Task, backend: str = "local", *, allow_plain: str = "never"
         row.update(_verdict_row(task, res, solution, allow_network))
     except EnvironmentUnavailable as e:
         row.update(verdict="UNAVAILABLE", why=str(e))
-    except EnvironmentBuildFailed as e:
-        row.update(verdict="ERROR", why=str(e))
-    except VerifierError as e:
+    except (EnvironmentBuildFailed, VerifierError) as e:
         row.update(verdict="ERROR", why=str(e))
     except Exception as e:  # noqa: BLE001 - one task never stops the run
         row.update(verdict="ERROR", why=f"{type(e).__name__}: {e}")
