@@ -170,10 +170,13 @@ def backend_problem(task: Task, backend: str) -> str | None:
                 f"setup ({', '.join(env.services)}), which runs on backend='docker' only "
                 "(through docker compose)")
     if in_task_image(task):
-        return (f"{where}: its files and tests use the paths the task wrote "
-                f"({env.workdir or 'its WORKDIR'}, {task.verifier.tests_dir or 'its oracle dir'})"
-                f" in its own image; the {'bridge' if remote else 'local'} backend cannot "
-                "provide them. Use backend='docker'")
+        paths = ", ".join(p for p in (env.workdir or "its WORKDIR", task.verifier.tests_dir,
+                                      task.oracle.dir if task.oracle else "") if p)
+        steps = "; ".join(_image_steps(env)[:3])
+        return (f"{where}: the {'bridge' if remote else 'local'} backend cannot run it as "
+                f"written: {steps + '; ' if steps else ''}its files and tests use the image's "
+                f"paths ({paths}), which a sandbox on the host's userland does not have. Use "
+                "backend='docker'")
     if env.image and env.dockerfile is None:
         return (f"{where}: its environment is the image {env.image!r}; local sandboxes run "
                 "on the host's userland and cannot provide it. Use backend='docker' on a host "
@@ -182,6 +185,15 @@ def backend_problem(task: Task, backend: str) -> str | None:
         return (f"{where}: its Dockerfile has steps a local sandbox cannot reproduce: "
                 + "; ".join(env.unsupported) + ". Use backend='docker'")
     return None
+
+
+def _image_steps(env) -> list[str]:
+    """The Dockerfile instructions a sandbox on the host's userland cannot stand in for."""
+    steps = [f"FROM {env.base_image} (the host's userland is not that image)"
+             ] if env.base_image else []
+    if env.image and not env.dockerfile:
+        steps.append(f"the image {env.image}")
+    return steps + [f"RUN {cmd}" for cmd in env.setup] + list(env.unsupported)
 
 
 def _spec_for(task: Task, image: str | None, *, allow_network: bool = True):
