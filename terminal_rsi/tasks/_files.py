@@ -511,7 +511,7 @@ def _instructions(text: str) -> list[tuple[str, bool]]:
     return out
 
 
-def _closing_brace(text: str, start: int) -> int:
+def closing_brace(text: str, start: int) -> int:
     """The index of the `}` closing a `${` whose body starts at `start` (-1: none)."""
     depth, i = 1, start
     while i < len(text):
@@ -601,7 +601,7 @@ class _Words:
 
     def _dollar(self, text: str, i: int, cur: list[str]) -> int:
         if text.startswith("${", i):
-            end = _closing_brace(text, i + 2)
+            end = closing_brace(text, i + 2)
             if end < 0:
                 raise _NotHere(f"has an unclosed ${{ in {_cut(text)!r}")
             cur.append(self._braced(text[i + 2:end]))

@@ -196,7 +196,7 @@ class _Interpolator:
             out.append("$")
             return i + 2
         if s.startswith("${", i):
-            end = _files._closing_brace(s, i + 2)
+            end = _files.closing_brace(s, i + 2)
             if end < 0:
                 raise TaskFormatError(self.file, field, f"an unclosed ${{ in {s[:80]!r}")
             out.append(self._braced(s[i + 2:end], field))
