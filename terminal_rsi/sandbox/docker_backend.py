@@ -217,6 +217,9 @@ _TOOLS = ("env", "timeout", "dd", "mkdir", "stty", "find", "xargs", "sed", "tar"
 _PROBE_SCRIPT = ('for t in "$@"; do command -v "$t" >/dev/null 2>&1 || printf "%s " "$t"; '
                  'done; printf "\\n%s" "$HOME"')
 _GRACE_S = 15.0
+# (image id, user, what) -> what a fresh container of that image tells (`_image_fact`)
+_image_facts: dict[tuple[str, str, str], str] = {}
+_facts_lock = threading.Lock()
 _close_lock = threading.Lock()
 # The environment of the machinery's own execs (tar): nothing of the spec or the agent.
 # The machinery's own processes (the exec wrapper, tar scripts) run with this environment
@@ -1058,7 +1061,26 @@ class DockerSandbox(Sandbox):
 
     def _probe_image(self) -> None:
         """Profile "image": BadRequest naming the image when it lacks a tool we run; learn
-        the USER's HOME (`_PROBE_SCRIPT`)."""
+        the USER's HOME (`_PROBE_SCRIPT`). Known per image and user after the first
+        sandbox (`_image_fact`)."""
+        self._home = self._image_fact("home", self._probe_home)
+
+    def _image_fact(self, what: str, learn) -> str:
+        """What a fresh container of this sandbox's image tells, learned once per image id
+        and user (`learn()`, in this container) and remembered for the process: every
+        container of an image starts the same."""
+        image_id = (self.container.attrs or {}).get("Image") or ""
+        key = (image_id, self.user, what)
+        with _facts_lock:
+            if image_id and key in _image_facts:
+                return _image_facts[key]
+        value = learn()
+        if image_id:
+            with _facts_lock:
+                _image_facts[key] = value
+        return value
+
+    def _probe_home(self) -> str:
         out = OutputCap(1 << 16)
         code, msg = self._tool("check tools", _PROBE_SCRIPT, list(_TOOLS), out,
                                time.monotonic() + 60, user=self.user)
@@ -1067,7 +1089,7 @@ class DockerSandbox(Sandbox):
             why = (f"it lacks {missing.strip()}" if code == 0
                    else f"bash failed there ({code}): {(out.text() + msg)[-300:]}")
             raise BadRequest(_needs_tools(self.spec.image, why))
-        self._home = home
+        return home
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1197,6 +1219,9 @@ class DockerSandbox(Sandbox):
 
     def _find_tmux(self) -> str:
         """The path of tmux in the container ("" when the image has none)."""
+        return self._image_fact("tmux", self._look_for_tmux)
+
+    def _look_for_tmux(self) -> str:
         out = OutputCap(4096)
         code, _ = self._tool("find tmux", "command -v tmux", [], out, time.monotonic() + 30)
         path = out.text().strip()
