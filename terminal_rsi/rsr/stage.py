@@ -175,6 +175,62 @@ def _per_family(trajs) -> dict[str, int]:
     return dict(sorted(fams.items()))
 
 
+FUNNEL_KEYS = ("tasks", "discovered", "runbooks", "reviewer_accepted", "fresh",
+               "fresh_verified", "leaking", "no_public_view", "accepted")
+
+
+def acceptance_funnel(tasks: list, found: list, rejections: list, to_run: list,
+                      fresh: list) -> dict[str, dict]:
+    """Where each family's runbooks are lost, step by step (`FUNNEL_KEYS`): the tasks of the
+    family, verified discovery successes, runbooks planned, accepted by the reviewer (the
+    rest by reason under "rejected": schema = the plan did not parse, artifact /
+    compatibility / model = the reviewer's codes), fresh executions, verified ones, those
+    the leak screen refused, those without a public view, and accepted into Q_clean (with
+    the acceptance rate accepted / fresh)."""
+    family = {t.id: t.family for t in tasks}
+    out: dict[str, dict] = {}
+
+    def row(fam: str) -> dict:
+        return out.setdefault(fam, {**dict.fromkeys(FUNNEL_KEYS, 0), "rejected": {}})
+
+    for t in tasks:
+        row(t.family)["tasks"] += 1
+    for f in found:
+        row(f.task.family)["discovered"] += 1
+    for rej in rejections:
+        r = row(family.get(rej["task"], "?"))
+        r["runbooks"] += 1
+        for reason in rej["reasons"]:
+            r["rejected"][reason] = r["rejected"].get(reason, 0) + 1
+    for task, _, _ in to_run:
+        r = row(task.family)
+        r["runbooks"] += 1
+        r["reviewer_accepted"] += 1
+    for t in fresh:
+        r = row(t.family)
+        r["fresh"] += 1
+        r["fresh_verified"] += int(t.S == 1)
+        r["leaking"] += int(t.S == 1 and bool(t.meta.get("leaks")))
+        r["no_public_view"] += int(t.S == 1 and not t.turns)
+        r["accepted"] += int(bool(t.meta.get("accepted")))
+    for r in out.values():
+        r["acceptance_rate"] = r["accepted"] / r["fresh"] if r["fresh"] else None
+    return dict(sorted(out.items()))
+
+
+def funnel_line(funnel: dict[str, dict]) -> str:
+    """One line of the funnel: per family, accepted / fresh and what lost the most."""
+    parts = []
+    for fam, r in funnel.items():
+        losses = {"not planned": r["discovered"] and not r["runbooks"],
+                  **{f"rejected {k}": v for k, v in r["rejected"].items()},
+                  "unverified": r["fresh"] - r["fresh_verified"], "leaking": r["leaking"]}
+        worst = max(losses.items(), key=lambda kv: kv[1])
+        parts.append(f"{fam} {r['accepted']}/{r['fresh']}"
+                     + (f" (most lost: {worst[0]})" if worst[1] else ""))
+    return "; ".join(parts)
+
+
 def _tree_equal(a, b) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     if jax.tree.structure(a) != jax.tree.structure(b) or len(la) != len(lb):
@@ -330,6 +386,9 @@ def execute_runbooks(st: StageSetup, actor_pol, to_run: list) -> tuple[list, lis
     st.write("q_clean", q_clean)
     print(f"[rsr] fresh execution: {len(q_clean)}/{len(fresh)} accepted "
           f"({leaking(fresh)} verified but leaking)", flush=True)
+    if fresh:
+        funnel = acceptance_funnel(st.tasks, [], [], [], fresh)
+        print(f"[rsr] accepted per family: {funnel_line(funnel)}", flush=True)
     return fresh, q_clean
 
 
@@ -420,6 +479,8 @@ def rsr_summary(st: StageSetup, disc: Discovered, rev: Reviewed, fresh: list, q_
         "fresh_verified": sum(t.S for t in fresh),
         "fresh_leaks": leaking(fresh),
         "fresh_acceptance_rate": len(q_clean) / len(fresh) if fresh else None,
+        "acceptance_per_family": acceptance_funnel(st.tasks, disc.found, rev.rejections,
+                                                   rev.to_run, fresh),
         "q_clean_size": len(q_clean),
         "q_clean_per_family": _per_family(q_clean),
         "q_clean_unique_tasks": len({t.task_id for t in q_clean}),

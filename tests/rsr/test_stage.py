@@ -3,6 +3,7 @@ tiny model on built-in tasks."""
 
 import json
 import os
+from types import SimpleNamespace as NS
 
 import jax
 import numpy as np
@@ -18,7 +19,7 @@ from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.base_sft import runbook_for_task
 from terminal_rsi.rsr.reviewer import privileged_strings
 from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
-from terminal_rsi.rsr.stage import fresh_execute, run_rsr
+from terminal_rsi.rsr.stage import acceptance_funnel, fresh_execute, funnel_line, run_rsr
 from terminal_rsi.sampling import Buckets
 from terminal_rsi.tasks.builtin import make_task
 from terminal_rsi.train_state import OptimizerConfig, create_train_state
@@ -127,6 +128,10 @@ def test_rsr_stage_end_to_end(tmp_path, trained):
     assert s["q_clean_size"] >= 1 and s["q_clean_per_family"] == {"count_lines":
                                                                   s["q_clean_size"]}
     assert s["nll_after"] <= s["nll_before"]
+    funnel = s["acceptance_per_family"]["count_lines"]  # the stage's own counts, per family
+    assert funnel["runbooks"] == s["runbooks"] and funnel["fresh"] == s["fresh_executions"]
+    assert funnel["accepted"] == s["q_clean_size"]
+    assert funnel["acceptance_rate"] == s["q_clean_size"] / s["fresh_executions"]
     rehearsal = read_shard(os.path.join(wd, "trajectories", "rehearsal.jsonl"))
     assert s["rehearsal_size"] == len(rehearsal) and all(t.S == 1 for t in rehearsal)
     assert s["rehearsal_per_family"] == ({"count_lines": len(rehearsal)} if rehearsal else {})
@@ -223,3 +228,31 @@ def test_rsr_stage_on_a_gguf_model(tmp_path, tiny_gguf, monkeypatch):
     for row, traj in enumerate(q_clean):  # Eq. 3's mask: the sampled ids and nothing else
         toks = batch["tokens"][row][batch["gen_mask"][row]]
         assert list(toks) == [i for t in traj.turns for i in t.sampled_ids]
+
+
+def test_the_acceptance_funnel_counts_each_familys_losses():
+    """Per family: tasks, discovery, runbooks (reviewer rejections by reason), fresh
+    executions (verified, leaking, no public view) and Q_clean; counted by hand here."""
+    a1, a2, b1 = (NS(id=i, family=f) for i, f in (("a/1", "a"), ("a/2", "a"), ("b/1", "b")))
+    found = [NS(task=a1), NS(task=a1), NS(task=b1)]
+    rejections = [{"task": "a/1", "reasons": ["schema"]},
+                  {"task": "b/1", "reasons": ["artifact", "model"]}]
+    to_run = [(a1, None, None), (a2, None, None)]
+
+    def fresh(fam, s, accepted=False, leaks=(), turns=(1,)):
+        return NS(family=fam, S=s, turns=list(turns), meta={"accepted": accepted,
+                                                            "leaks": list(leaks)})
+
+    trajs = [fresh("a", 1, True), fresh("a", 1, leaks=["x"]), fresh("a", 0),
+             fresh("a", 1, turns=())]
+    got = acceptance_funnel([a1, a2, b1], found, rejections, to_run, trajs)
+    assert got == {
+        "a": {"tasks": 2, "discovered": 2, "runbooks": 3, "reviewer_accepted": 2,
+              "fresh": 4, "fresh_verified": 3, "leaking": 1, "no_public_view": 1,
+              "accepted": 1, "rejected": {"schema": 1}, "acceptance_rate": 0.25},
+        "b": {"tasks": 1, "discovered": 1, "runbooks": 1, "reviewer_accepted": 0,
+              "fresh": 0, "fresh_verified": 0, "leaking": 0, "no_public_view": 0,
+              "accepted": 0, "rejected": {"artifact": 1, "model": 1},
+              "acceptance_rate": None}}
+    line = funnel_line(got)
+    assert line.startswith("a 1/4") and "b 0/0 (most lost: rejected artifact)" in line
