@@ -31,16 +31,16 @@ if [[ "$(engine_major)" -lt 23 ]] 2>/dev/null || ! command -v dockerd >/dev/null
       > /etc/apt/sources.list.d/trsi-trixie-docker.list
     printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n' \
       > /etc/apt/preferences.d/trsi-trixie-docker
-    target=(-t trixie)
+    from=/trixie  # these four from Debian 13; their dependencies resolve from Debian 12
   else
-    target=()
+    from=
   fi
   if pid=$(cat "$DOCKER_DIR/dockerd.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; then
     kill -TERM "$pid"; for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
   fi
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${target[@]}" \
-    docker.io docker-cli docker-buildx docker-compose >/dev/null
+  apt-get install -y -qq --no-install-recommends \
+    "docker.io$from" "docker-cli$from" "docker-buildx$from" "docker-compose$from" >/dev/null
 fi
 
 echo "== sandbox: Python extras"
