@@ -56,7 +56,7 @@ from terminal_rsi.sandbox.docker_backend import (
     ContainerBox,
     DockerSandbox,
     docker_client,
-    image_config,
+    image_user_and_workdir,
 )
 from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError
 
@@ -133,7 +133,7 @@ def compose_document(spec: SandboxSpec, agent: str, services: Sequence[ComposeSe
     if agent in names or len(set(names)) != len(names):
         raise BadRequest(f"compose services {names} repeat a name (the agent's is {agent!r})")
     client = client or docker_client()
-    cfg = image_config(client, spec.image)
+    user, workdir = image_user_and_workdir(client, spec)
     hard = _hardening(spec, sid)
     net = f"service:{NET_SERVICE}"
     doc: dict = {"services": {NET_SERVICE: {
@@ -157,8 +157,8 @@ def compose_document(spec: SandboxSpec, agent: str, services: Sequence[ComposeSe
                              else "service_started"} for s in services})
     doc["services"][agent] = {
         **hard, "image": spec.image, "entrypoint": INIT_ARGV[:1], "command": INIT_ARGV[1:],
-        "user": cfg.get("User") or ROOT, "working_dir": spec.workdir or cfg.get("WorkingDir")
-        or "/", "network_mode": net, "environment": dict(spec.env), "depends_on": depends}
+        "user": user, "working_dir": workdir, "network_mode": net,
+        "environment": dict(spec.env), "depends_on": depends}
     return doc
 
 

@@ -464,10 +464,8 @@ def _sandbox_profile(spec: SandboxSpec, disk: str) -> dict:
 def _image_profile(client, spec: SandboxSpec) -> dict:
     """create() arguments of profile "image": the image's USER and WORKDIR (or
     spec.workdir), a writable root, IMAGE_CAPS, a disk quota where the engine has one."""
-    cfg = image_config(client, spec.image)
-    kw = {"user": cfg.get("User") or ROOT,
-          "working_dir": spec.workdir or cfg.get("WorkingDir") or "/",
-          "read_only": False, "cap_add": list(IMAGE_CAPS),
+    user, workdir = image_user_and_workdir(client, spec)
+    kw = {"user": user, "working_dir": workdir, "read_only": False, "cap_add": list(IMAGE_CAPS),
           # our pid 1, never the image's ENTRYPOINT
           "entrypoint": INIT_ARGV[:1], "command": INIT_ARGV[1:]}
     if storage_quota_supported(client, spec.image):
@@ -475,7 +473,14 @@ def _image_profile(client, spec: SandboxSpec) -> dict:
     return kw
 
 
-def image_config(client, image: str) -> dict:
+def image_user_and_workdir(client, spec: SandboxSpec) -> tuple[str, str]:
+    """Profile "image": who a container of ``spec.image`` runs as and where: the image's
+    USER (none: root) in ``spec.workdir``, else the image's WORKDIR, else ``/``."""
+    cfg = _image_config(client, spec.image)
+    return cfg.get("User") or ROOT, spec.workdir or cfg.get("WorkingDir") or "/"
+
+
+def _image_config(client, image: str) -> dict:
     """The image's Config (User, WorkingDir, Env ...); BadRequest when it is missing."""
     import docker  # the Docker SDK: an optional engine, loaded when a Docker backend is used
 
