@@ -40,7 +40,8 @@ def images(client):
 
 
 def _project_containers(client, project: str):
-    return client.containers.list(all=True, filters={"label": f"{COMPOSE_LABEL}={project}"})
+    return client.containers.list(all=True, filters={"label": f"{COMPOSE_LABEL}={project}"},
+                                  ignore_removed=True)
 
 
 def test_services_by_name_then_gone(client, images):
@@ -80,7 +81,9 @@ def test_a_service_that_never_gets_healthy_is_named(client, images):
             healthcheck={"test": ["CMD", "false"], "interval": "1s", "retries": 2})],
             start_timeout_s=30)
     assert time.monotonic() - t0 < 90
-    left = client.containers.list(all=True, filters={"label": COMPOSE_LABEL})
+    # (ignore_removed: other tests' projects come and go while this lists them)
+    left = client.containers.list(all=True, filters={"label": COMPOSE_LABEL},
+                                  ignore_removed=True)
     assert not [c for c in left if c.labels.get(COMPOSE_LABEL, "").startswith("trsi-")
                 and c.labels["com.docker.compose.service"] == "sick"]
 
