@@ -836,14 +836,11 @@ def _verify_command(task, vsb, backend, vdir, test_dir, logs_dir, hygiene, pytes
     ini = f"{test_dir}/pytest.ini" if "pytest.ini" in ver.files else f"{vdir}/pytest.ini"
     files.setdefault(ini, b"[pytest]\n")
     _place(lambda f: vsb.put_files(f, mode=0o755), files, "the verifier's tests")
-    env = {"TEST_DIR": f"{vsb.workdir}/{test_dir}", "TRSI_LOGS_DIR": f"{vsb.workdir}/{logs_dir}",
-           "TRSI_WORKSPACE": vsb.workdir, "PYTHONDONTWRITEBYTECODE": "1",
-           "TRSI_PYTEST_INI": f"{vsb.workdir}/{ini}", **dict(ver.env)}
     # Script verifiers (Harbor's test.sh) usually run pytest too: same runtime rule.
-    if _needs_runtime(vsb, backend, pytest_runtime):
-        _place(lambda t: vsb.put_tar(t, dest=f"{vdir}/pylib"), pytest_runtime_tar(),
-               "the verifier's pytest runtime")
-        env["PYTHONPATH"] = f"{vsb.workdir}/{vdir}/pylib"
+    env = _pytest_env(vsb, backend, pytest_runtime, tests=f"{vsb.workdir}/{test_dir}",
+                      logs=f"{vsb.workdir}/{logs_dir}", ini=f"{vsb.workdir}/{ini}",
+                      runtime_dir=f"{vdir}/pylib",
+                      env={"TRSI_WORKSPACE": vsb.workdir, **dict(ver.env)})
     if ver.kind != "pytest":  # a script's own pytest run: the same configuration rule
         env.setdefault("PYTEST_ADDOPTS", f"-c {vsb.workdir}/{ini}")
     command = _PYTEST_CMD.format(args=ver.command) if ver.kind == "pytest" else ver.command
@@ -867,18 +864,28 @@ def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
         files.setdefault("pytest.ini", b"[pytest]\n")
     _place(lambda t: vsb.put_tar(t, dest="/"), _task_paths_tar(tests, files),
            "the verifier's tests")
-    env = dict(ver.env)
-    command = ver.command
+    env, command = dict(ver.env), ver.command
     if ver.kind == "pytest":
-        env = {"TEST_DIR": tests, "TRSI_LOGS_DIR": VERIFIER_LOGS_DIR,
-               "TRSI_PYTEST_INI": f"{tests}/pytest.ini",
-               "PYTHONDONTWRITEBYTECODE": "1", **env}
-        if _needs_runtime(vsb, backend, pytest_runtime):
-            _place(lambda t: vsb.put_tar(t, dest=TASK_PYTEST_RUNTIME_DIR), pytest_runtime_tar(),
-                   "the verifier's pytest runtime")
-            env["PYTHONPATH"] = TASK_PYTEST_RUNTIME_DIR
+        env = _pytest_env(vsb, backend, pytest_runtime, tests=tests, logs=VERIFIER_LOGS_DIR,
+                          ini=f"{tests}/pytest.ini", runtime_dir=TASK_PYTEST_RUNTIME_DIR,
+                          env=env)
         command = _PYTEST_CMD.format(args=ver.command)
     return _run_verifier(task, vsb, command, env, VERIFIER_LOGS_DIR, hygiene)
+
+
+def _pytest_env(vsb, backend: str, policy: str, *, tests: str, logs: str, ini: str,
+                runtime_dir: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the verifier's pytest in either layout: where its tests, logs and
+    configuration are, then `env`, then the host's pytest runtime (copied to `runtime_dir`,
+    relative to the workspace or absolute) on PYTHONPATH when the sandbox's python lacks it
+    (`_needs_runtime` under `policy`)."""
+    out = {"TEST_DIR": tests, "TRSI_LOGS_DIR": logs, "TRSI_PYTEST_INI": ini,
+           "PYTHONDONTWRITEBYTECODE": "1", **env}
+    if _needs_runtime(vsb, backend, policy):
+        _place(lambda t: vsb.put_tar(t, dest=runtime_dir), pytest_runtime_tar(),
+               "the verifier's pytest runtime")
+        out["PYTHONPATH"] = posixpath.join(vsb.workdir, runtime_dir)
+    return out
 
 
 def _task_paths_tar(tests: str, files: Mapping[str, bytes]) -> bytes:
