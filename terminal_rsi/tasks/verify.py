@@ -611,7 +611,7 @@ def _needs_runtime(sb, backend: str, policy: str) -> bool:
         return True
     if policy == "sandbox":
         return False
-    key = (backend, getattr(getattr(sb, "spec", None), "image", "") or "")
+    key = (backend, sb.spec.image)
     if key not in _probe_cache:
         _probe_cache[key] = not sb.exec(_PROBE, timeout=30).ok
     return _probe_cache[key]
@@ -808,15 +808,8 @@ def _log_files(vsb, logs_dir: str) -> dict[str, bytes]:
         data = vsb.get_tar(logs_dir)
     except BadRequest:  # missing (the verifier removed it) or past the download caps
         return {}
-    top = posixpath.normpath(logs_dir.lstrip("/"))
-    out = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-        for m in tf.getmembers():
-            name = posixpath.normpath(m.name)
-            f = tf.extractfile(m) if m.isreg() and posixpath.dirname(name) == top else None
-            if f is not None:
-                out[posixpath.basename(name)] = f.read()
-    return out
+    logs = Snapshot.from_tar(data, strip=posixpath.normpath(logs_dir.lstrip("/")))
+    return {name: d for name, d in logs.files().items() if "/" not in name}
 
 
 _PYTEST_CMD = ('python3 -P -m pytest -q -rA -p no:cacheprovider -c "$TRSI_PYTEST_INI" '
