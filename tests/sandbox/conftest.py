@@ -27,6 +27,13 @@ ROOT = os.geteuid() == 0
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def sleep_secs() -> str:
+    """Seconds for a ``sleep`` whose command line no other test shares, even on another
+    xdist worker (every backend's variant of a test runs at once): tests find a sandbox's
+    escapees by it, and a fixed value would find another test's live sleep."""
+    return f"987.{secrets.randbelow(10**9):09d}"
+
+
 def need(ok: bool, what: str) -> None:
     """Fail in CI, skip elsewhere, when a real engine this test needs is missing."""
     if ok:

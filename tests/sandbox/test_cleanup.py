@@ -23,7 +23,7 @@ from terminal_rsi.sandbox import SandboxSpec, open_sandbox
 from terminal_rsi.sandbox.local import sweep_stale
 from terminal_rsi.sandbox.procs import pids_of_uid, pids_with_cmdline, pids_with_env
 
-from .conftest import REPO, ROOT, mounted, need_bwrap
+from .conftest import REPO, ROOT, mounted, need_bwrap, sleep_secs
 
 OWNER = r"""
 import json, sys, threading, time
@@ -32,8 +32,9 @@ sb = open_sandbox(SandboxSpec(memory_mb=128, disk_mb=16), backend=sys.argv[1],
                   base_dir=sys.argv[2])
 print(json.dumps({"id": sb.id, "root": sb.root, "uid": sb.uid,
                   "cgroups": list(sb.cgroup.dirs) if sb.cgroup else []}), flush=True)
+a, b, c = sys.argv[3:6]
 threading.Thread(target=sb.exec, args=(
-    "(sleep 987.801 &); setsid sleep 987.802 & sleep 987.803",), kwargs={"timeout": 600},
+    f"(sleep {a} &); setsid sleep {b} & sleep {c}",), kwargs={"timeout": 600},
     daemon=True).start()
 time.sleep(600)
 """
@@ -55,11 +56,12 @@ def test_sigkilled_owner_is_swept_at_the_next_start(backend):
     base = tempfile.mkdtemp(prefix="trsi-cleanup-", dir="/tmp")  # o+x up to / for the uids
     os.chmod(base, 0o755)
     live = open_sandbox(SandboxSpec(), backend=backend, base_dir=base)
-    proc = subprocess.Popen([sys.executable, "-c", OWNER, backend, base], cwd=REPO,
+    secs = [sleep_secs() for _ in range(3)]
+    tokens = [s.encode() for s in secs]
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, backend, base, *secs], cwd=REPO,
                             stdout=subprocess.PIPE, text=True)
     try:
         info = json.loads(proc.stdout.readline())
-        tokens = [b"987.801", b"987.802", b"987.803"]
         deadline = time.monotonic() + 20
         while not all(pids_with_cmdline(t) for t in tokens):
             assert time.monotonic() < deadline, "the owner's command did not start"

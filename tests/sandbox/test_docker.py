@@ -24,7 +24,7 @@ import pytest
 from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec, procs
 from terminal_rsi.sandbox.base import TarLimits
 
-from .conftest import REPO, make_tar, mounted, tar_members
+from .conftest import REPO, make_tar, mounted, sleep_secs, tar_members
 
 MiB = 1 << 20
 
@@ -169,12 +169,11 @@ def test_pids_limit_bounds_the_process_tree(client):
 
 
 def test_no_process_outlives_its_exec_even_when_the_wrapper_is_killed(sb):
-    from terminal_rsi.sandbox.procs import pids_with_cmdline
-
-    r = sb.exec("setsid sleep 777.123 >/dev/null 2>&1 </dev/null & "
+    secs = sleep_secs()
+    r = sb.exec(f"setsid sleep {secs} >/dev/null 2>&1 </dev/null & "
                 "kill -9 $(ps -o ppid= -p $PPID); echo unreachable", timeout=10)
     assert r.exit_code == -9 and not r.timed_out
-    assert pids_with_cmdline(b"777.123") == []
+    assert procs.pids_with_cmdline(secs.encode()) == []
     assert sb.exec("echo usable", timeout=10).stdout == "usable\n"
 
 

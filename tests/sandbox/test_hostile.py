@@ -27,7 +27,7 @@ import pytest
 from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec
 from terminal_rsi.sandbox.procs import pids_with_cmdline
 
-from .conftest import ROOT, assert_no_leftovers, make_tar, tar_members
+from .conftest import ROOT, assert_no_leftovers, make_tar, sleep_secs, tar_members
 
 SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
 BOUND_S = 30.0  # a generous wall-clock bound: "returns", not a speed claim
@@ -80,9 +80,10 @@ def case_fork_bomb(c):
 
 
 def case_fork_bomb_loop(c):
-    r = c.run("while :; do sleep 100 & done", timeout=2)
+    secs = sleep_secs()
+    c.tokens = (secs.encode(),)
+    r = c.run(f"while :; do sleep {secs} & done", timeout=2)
     assert r.timed_out or r.exit_code != 0
-    c.tokens = (b"sleep\x00100\x00",)
 
 
 def case_memory_bomb(c):
@@ -119,25 +120,29 @@ def case_stderr_flood(c):
 
 
 def case_double_fork(c):
-    c.tokens = (b"987.601",)
-    r = c.run("( ( sleep 987.601 & ) & ); echo started", timeout=3)
+    secs = sleep_secs()
+    c.tokens = (secs.encode(),)
+    r = c.run(f"( ( sleep {secs} & ) & ); echo started", timeout=3)
     assert r.stdout.strip() == "started"
 
 
 def case_setsid_child(c):
-    c.tokens = (b"987.602",)
-    r = c.run("setsid sleep 987.602 >/dev/null 2>&1 < /dev/null & echo started", timeout=3)
+    secs = sleep_secs()
+    c.tokens = (secs.encode(),)
+    r = c.run(f"setsid sleep {secs} >/dev/null 2>&1 < /dev/null & echo started", timeout=3)
     assert "started" in r.stdout
 
 
 def case_setsid_env_cleared(c):
-    c.tokens = (b"987.603",)
-    c.run("setsid env -i /bin/sleep 987.603 </dev/null >/dev/null 2>&1 & echo ok", timeout=3)
+    secs = sleep_secs()
+    c.tokens = (secs.encode(),)
+    c.run(f"setsid env -i /bin/sleep {secs} </dev/null >/dev/null 2>&1 & echo ok", timeout=3)
 
 
 def case_background_holding_pipes(c):
-    c.tokens = (b"987.604",)
-    r = c.run("sleep 987.604 & echo bg", timeout=3)
+    secs = sleep_secs()
+    c.tokens = (secs.encode(),)
+    r = c.run(f"sleep {secs} & echo bg", timeout=3)
     assert not r.timed_out and r.stdout.strip() == "bg"
 
 
@@ -443,8 +448,9 @@ def case_env_cannot_reach_the_wrapper(c):
     r = sb.exec("id -u", timeout=10, env={"BASH_ENV": f"$(id > {out}-exec)"})
     assert r.stdout.strip() != "0" or not ROOT
     sb.put_files({".k.sh": b"kill() { :; }\nexit() { :; }\ntimeout() { \"$@\"; }\n"})
-    c.tokens = (b"987.611", b"987.612")
-    sb.exec("(sleep 987.611) & setsid sleep 987.612 & echo started", timeout=10,
+    a, b = sleep_secs(), sleep_secs()
+    c.tokens = (a.encode(), b.encode())
+    sb.exec(f"(sleep {a}) & setsid sleep {b} & echo started", timeout=10,
             env={"BASH_ENV": f"{sb.workdir}/.k.sh"})
     assert not os.path.exists(f"{out}-spec") and not os.path.exists(f"{out}-exec")
     left = [p for t in c.tokens for p in pids_with_cmdline(t)]

@@ -22,7 +22,7 @@ from terminal_rsi.sandbox.terminal import (
     terminal_text,
 )
 
-from .conftest import assert_no_leftovers, need
+from .conftest import assert_no_leftovers, need, sleep_secs
 
 SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
 BOUND_S = 30.0  # "returns", not a speed claim
@@ -128,7 +128,8 @@ def test_bad_input_is_a_bad_request_and_one_session_at_a_time(make_sandbox):
 def test_shell_exit_close_and_reopen(make_sandbox):
     sb = make_sandbox(SPEC)
     term = sb.open_session()
-    term.run("sleep 987.501 &\n", 10)
+    secs = sleep_secs()
+    term.run(f"sleep {secs} &\n", 10)
     out = term.run("exit\n", 10)
     deadline = time.monotonic() + BOUND_S
     while term.alive and time.monotonic() < deadline:
@@ -137,7 +138,7 @@ def test_shell_exit_close_and_reopen(make_sandbox):
     with pytest.raises(SandboxError):
         term.send("echo hi\n")
     term.close()
-    assert not pids_with_cmdline(b"987.501")
+    assert not pids_with_cmdline(secs.encode())
     # the sandbox goes on; a new session starts in a fresh shell
     term2 = sb.open_session()
     out = term2.run("echo ${TRSI_X:-unset}\n", 10)
@@ -190,13 +191,14 @@ def test_hostile_runaway_output_is_capped(make_sandbox):
 
 
 def test_hostile_detached_and_stubborn_processes_die_at_close(make_sandbox):
-    tokens = tuple(f"987.{n}".encode() for n in (601, 602, 603, 604, 605))
+    s = [sleep_secs() for _ in range(5)]
+    tokens = tuple(t.encode() for t in s)
 
     def script(sb, term):
-        term.run("trap '' HUP TERM INT; (trap '' HUP TERM; exec sleep 987.601) &\n", 5)
-        term.run("setsid sleep 987.602 & nohup sleep 987.603 >/dev/null 2>&1 &\n", 5)
-        term.run("sleep 987.604 & disown\n", 5)
-        term.run("(setsid bash -c 'sleep 987.605 & while :; do date >> bg.log; "
+        term.run(f"trap '' HUP TERM INT; (trap '' HUP TERM; exec sleep {s[0]}) &\n", 5)
+        term.run(f"setsid sleep {s[1]} & nohup sleep {s[2]} >/dev/null 2>&1 &\n", 5)
+        term.run(f"sleep {s[3]} & disown\n", 5)
+        term.run(f"(setsid bash -c 'sleep {s[4]} & while :; do date >> bg.log; "
                  "sleep 0.05; done' &) \n", 5)
         time.sleep(0.3)
         assert sb.exec("test -s bg.log && echo writing", timeout=10).stdout == "writing\n"
@@ -209,13 +211,17 @@ def test_hostile_detached_and_stubborn_processes_die_at_close(make_sandbox):
 def test_session_close_ends_its_processes_and_keeps_the_sandbox(make_sandbox):
     sb = make_sandbox(SPEC)
     term = sb.open_session()
-    term.run("sleep 987.701 & setsid sleep 987.702 &\n", 10)
+    a, b = sleep_secs(), sleep_secs()
+    term.run(f"sleep {a} & setsid sleep {b} &\n", 10)
     term.close()
+
+    def left():
+        return pids_with_cmdline(a.encode()) + pids_with_cmdline(b.encode())
+
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (pids_with_cmdline(b"987.701")
-                                           or pids_with_cmdline(b"987.702")):
+    while time.monotonic() < deadline and left():
         time.sleep(0.05)
-    assert not pids_with_cmdline(b"987.701") and not pids_with_cmdline(b"987.702")
+    assert not left()
     # nothing of the sandbox runs: no tmux server, no shell (Docker: but its init loop)
     left = [p for p in pids_with_env(f"TRSI_SANDBOX={sb.id}".encode())
             if p not in pids_with_cmdline(b"86400")]
@@ -226,12 +232,13 @@ def test_session_close_ends_its_processes_and_keeps_the_sandbox(make_sandbox):
 def test_exec_timeout_spares_the_session(make_sandbox):
     sb = make_sandbox(dataclasses.replace(SPEC))
     term = sb.open_session()
-    term.run("sleep 987.801 &\n", 10)
+    secs = sleep_secs()
+    term.run(f"sleep {secs} &\n", 10)
     r = sb.exec("sleep 30", timeout=0.5)
     assert r.timed_out
     assert sb.exec("false", timeout=10).exit_code == 1
     assert "Running" in term.run("jobs\n", 10).text
-    assert pids_with_cmdline(b"987.801")
+    assert pids_with_cmdline(secs.encode())
 
 
 def test_session_outlives_the_thread_that_opened_it(make_sandbox):
