@@ -116,12 +116,19 @@ class Execution(Section):
 
 @dataclasses.dataclass(frozen=True)
 class RSRSFT(SFT):
-    epochs: float | None = setting(None, "size the SFT by Q_clean: ceil(epochs · |Q_clean| / "
-                                   "batch_size) steps, at most sft.steps (None: always "
-                                   "sft.steps)", lo=1e-9)
+    epochs: float | None = setting(None, "size the SFT by the SFT set: ceil(epochs · "
+                                   "(|Q_clean| + |rehearsal|) / batch_size) steps, at most "
+                                   "sft.steps (None: always sft.steps); an empty Q_clean "
+                                   "always means 0 steps", lo=1e-9)
     rehearsal_samples: int = setting(0, "self-rehearsal: samples per training task of the "
-                                     "input actor under H0; its verified successes join "
-                                     "Q_clean in the fine-tune (0: off, the paper)", lo=0)
+                                     "input actor under H0; its verified successes join a "
+                                     "non-empty Q_clean in the fine-tune (0: off, the "
+                                     "paper)", lo=0)
+    kl_coef: float = setting(0.0, "trust region toward the input actor π_in: adds kl_coef · "
+                             "KL(π_θ(·|h_j) ‖ π_in(·|h_j)), the exact full-vocabulary KL at "
+                             "each supervised position j, aggregated like the SFT loss "
+                             "(sft.aggregation); one more forward pass and full [B, L, V] "
+                             "logits (0: off, the paper)", lo=0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,13 @@ positions carry no loss) ∧ `alignment.predictable_mask`. The step is jitted wi
 donated and accumulates gradients exactly over `num_microbatches` slices
 (`terminal_rsi.grad_accum.accumulate_gradients`); it never touches a critic.
 
+Trust region (`kl_coef` > 0, the `rsr` stage's `sft.kl_coef`): the loss gains
+kl_coef · KL(π_θ(·|h_j) ‖ π_in(·|h_j)) at the same supervised positions, aggregated with the
+same weights (`terminal_rsi.losses.kl_to_reference`), where π_in are the frozen params passed
+to the step (`step(actor, batch, ref_params=input_params)`). It needs the full [B, L, V]
+logits of both actors (one more forward pass); with kl_coef = 0 the step is the plain Eq. 3
+step and ignores `ref_params`.
+
 `train_sft` draws each minibatch uniformly with replacement from the trajectory list, so a
 multiset (Q_clean with multiplicities) is sampled as Unif{...} of Eq. 2, packs it with
 `terminal_rsi.agent.pack_trajectories` (one row per summarization segment) and steps.
@@ -25,45 +32,79 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from flax import nnx
 
 from terminal_rsi.agent import pack_trajectories
-from terminal_rsi.alignment import trained_mask
+from terminal_rsi.alignment import token_logprobs, trained_mask
 from terminal_rsi.forward import actor_logprobs
 from terminal_rsi.grad_accum import accumulate_gradients, apply_gradients, jit_update
-from terminal_rsi.losses import Aggregation, LossParts, safe_divide, sft_loss
+from terminal_rsi.losses import Aggregation, LossParts, kl_to_reference, safe_divide, sft_loss
 from terminal_rsi.progress import progress
 from terminal_rsi.train_state import TrainState
 
 SFT_KEYS = ("tokens", "positions", "segment_ids", "gen_mask")
 
 
-def sft_loss_parts(params, graphdef, batch, aggregation: Aggregation) -> LossParts:
-    """Eq. 3 loss parts of one (micro)batch: tokens/positions/segment_ids/gen_mask [B, L]."""
+def sft_loss_parts(params, graphdef, batch, aggregation: Aggregation, kl_coef: float = 0.0,
+                   ref_params=None) -> LossParts:
+    """Eq. 3 loss parts of one (micro)batch: tokens/positions/segment_ids/gen_mask [B, L];
+    with `kl_coef` > 0 plus kl_coef · KL(π_θ ‖ π_ref) of `ref_params` (`kl_trust_parts`)."""
+    if kl_coef > 0:
+        return kl_trust_parts(params, ref_params, graphdef, batch, aggregation, kl_coef)
     lp, _ = actor_logprobs(params, graphdef, batch)
     mask = trained_mask(batch["gen_mask"], batch["segment_ids"])
     return sft_loss(lp, mask, aggregation, segment_ids=batch["segment_ids"])
 
 
+def _logits(params, graphdef, batch) -> jax.Array:
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+    return logits
+
+
+def kl_trust_parts(params, ref_params, graphdef, batch, aggregation: Aggregation,
+                   kl_coef: float) -> LossParts:
+    """Eq. 3 + kl_coef · KL(π_θ(·|h_j) ‖ π_ref(·|h_j)) on one forward of each actor (full
+    logits: the NLL from `alignment.token_logprobs`, the KL from `losses.kl_to_reference`,
+    both over `trained_mask` with the same weights, hence the same denominator)."""
+    if ref_params is None:
+        raise ValueError("an SFT step with kl_coef > 0 needs ref_params (the input actor's)")
+    logits = _logits(params, graphdef, batch)
+    ref_logits = jax.lax.stop_gradient(_logits(ref_params, graphdef, batch))
+    seg = batch["segment_ids"]
+    lp, _ = token_logprobs(logits, batch["tokens"], seg)
+    mask = trained_mask(batch["gen_mask"], seg)
+    nll = sft_loss(lp, mask, aggregation, segment_ids=seg)
+    kl = kl_to_reference(logits, ref_logits, mask, aggregation, segment_ids=seg)
+    return LossParts(nll.total + kl_coef * kl.total, nll.denom, {**nll.stats, **kl.stats})
+
+
 def _finalize(parts: LossParts) -> dict:
     tokens = parts.stats["tokens"]
-    return {"loss": parts.loss, "tokens": tokens,
-            "nll_per_token": safe_divide(parts.stats["nll_sum"], tokens)}
+    out = {"loss": parts.loss, "tokens": tokens,
+           "nll_per_token": safe_divide(parts.stats["nll_sum"], tokens)}
+    if "kl_ref_sum" in parts.stats:
+        out["kl_ref"] = safe_divide(parts.stats["kl_ref_sum"], tokens)
+    return out
 
 
 def make_sft_step(aggregation: Aggregation = Aggregation.SEQUENCE_SUM,
                   num_microbatches: int = 1, state: TrainState | None = None,
-                  donate: bool = True):
-    """Jitted `step(actor_state, batch) -> (actor_state, metrics)` for Eq. 3.
+                  donate: bool = True, kl_coef: float = 0.0):
+    """Jitted `step(actor_state, batch, ref_params=None) -> (actor_state, metrics)` for
+    Eq. 3, with `kl_coef` > 0 plus the trust region toward `ref_params` (module doc; they are
+    read, never updated or donated).
 
     metrics: loss (the aggregated objective), nll_per_token (token-mean NLL of the batch),
-    tokens (supervised positions), grad_norm (before clipping).
+    tokens (supervised positions), grad_norm (before clipping), and with the trust region
+    kl_ref (token-mean KL(π_θ ‖ π_ref)).
     """
-    m = int(num_microbatches)
+    m, coef = int(num_microbatches), float(kl_coef)
 
-    def update(st: TrainState, batch):
+    def update(st: TrainState, batch, ref_params=None):
         grads, parts = accumulate_gradients(
-            lambda p, mb: sft_loss_parts(p, st.graphdef, mb, aggregation), st.params,
-            {k: batch[k] for k in SFT_KEYS}, m)
+            lambda p, mb: sft_loss_parts(p, st.graphdef, mb, aggregation, coef, ref_params),
+            st.params, {k: batch[k] for k in SFT_KEYS}, m)
         return apply_gradients(st, grads), {**_finalize(parts), "grad_norm": optax.tree.norm(grads)}
 
     return jit_update(update, (state,), donate, 1)

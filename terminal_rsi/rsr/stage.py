@@ -24,8 +24,11 @@
    verified H0 successes (`rehearsal_set`, that many samples per training task) join it, so
    that families absent from a small Q_clean are not forgotten.
    The actor is fine-tuned with Eq. 3 (`sft.steps` steps, or `sft.epochs` passes over
-   Q_clean capped at `sft.steps`; minibatches drawn uniformly
-   from the multiset) through the SFT step shared with `base_sft`. The critic is not
+   Q_clean + rehearsal capped at `sft.steps`; minibatches drawn uniformly
+   from the multiset) through the SFT step shared with `base_sft`; with `sft.kl_coef` > 0
+   the loss adds kl_coef · KL(π_θ ‖ π_in) toward the input actor (a trust region). An empty
+   Q_clean means no SFT step at all (`sft_steps` is 0, self-rehearsal alone never trains):
+   the input actor is exported unchanged. The critic is not
    trained: its input weights (`init.critic_weights`, or `critic_params_from_actor` of the
    input actor when None) are re-exported and checked bit-identical (Δφ = 0), else
    `CriticChanged` is raised.
@@ -37,12 +40,14 @@ leak reasons), trajectories/q_clean.jsonl (the accepted public views),
 trajectories/rehearsal.jsonl (the self-rehearsal episodes), summary.json
 (discovery success per harness, runbooks accepted / rejected by reason, fresh acceptance
 rate, Q_clean size per family, NLL before/after, success on the rewritten tasks under H0
-before/after, critic_bit_identical).
+before/after, sft_steps, sft_skipped (why no step was taken, or None) with its numeric flag
+sft_skipped_empty_q_clean, critic_bit_identical).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -51,6 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.agent import HarnessConfig, SamplingSettings, write_shard
@@ -116,15 +122,19 @@ def discovery_variants(config, actor_policy, tokenizer) -> list:
     return out
 
 
-def sft_steps(sft, q_clean_size: int) -> int:
-    """SFT steps on a Q_clean of `q_clean_size`: `sft.steps`, or with `sft.epochs` set,
-    ceil(epochs · size / batch_size) capped at `sft.steps` (a handful of accepted runs is not
+def sft_steps(sft, q_clean_size: int, rehearsal_size: int = 0) -> int:
+    """SFT steps on Q_clean (`q_clean_size`) plus self-rehearsal (`rehearsal_size`): 0 when
+    Q_clean is empty (rehearsal alone never trains: the stage keeps its input actor);
+    otherwise `sft.steps`, or with `sft.epochs` set, ceil(epochs · (q_clean_size +
+    rehearsal_size) / batch_size) capped at `sft.steps` (a handful of accepted runs is not
     fine-tuned for as long as a large Q_clean, which overfits it: NLL → 1e-5 and lower
     held-out success, docs/pipeline.md)."""
-    epochs = sft.epochs
-    if epochs is None or not q_clean_size:
+    if not q_clean_size:
+        return 0
+    if sft.epochs is None:
         return int(sft.steps)
-    return min(int(sft.steps), max(1, math.ceil(epochs * q_clean_size / sft.batch_size)))
+    size = q_clean_size + rehearsal_size
+    return min(int(sft.steps), max(1, math.ceil(sft.epochs * size / sft.batch_size)))
 
 
 def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: int,
@@ -298,13 +308,14 @@ class Reviewed:
 @dataclasses.dataclass
 class FineTuned:
     """Step 5: the fine-tuned actor, one metrics row per SFT step, and the mean NLL of the
-    SFT set before and after (None when nothing was trained)."""
+    SFT set before and after (None when nothing was trained, then `skipped` says why)."""
 
     actor: TrainState
     metrics: list
     steps: int
     nll_before: float | None = None
     nll_after: float | None = None
+    skipped: str | None = None
 
 
 def setup_stage(config, workdir: str) -> tuple[StageSetup, TrainState]:
@@ -422,14 +433,18 @@ def rewritten_success(st: StageSetup, actor: TrainState, rewritten: list,
     return float(np.mean([t.S for t in trajs]))
 
 
-def finetune(st: StageSetup, actor: TrainState, sft_set: list,
+def finetune(st: StageSetup, actor: TrainState, q_clean: list, rehearsal: list,
              rng: np.random.Generator) -> FineTuned:
-    """Step 5: Eq. 3 on `sft_set` for `sft_steps` steps; the critic is not touched."""
+    """Step 5: Eq. 3 on Q_clean + rehearsal for `sft_steps` steps (none with an empty
+    Q_clean: `actor` comes back unchanged), with `sft.kl_coef` > 0 plus the trust region
+    toward `actor`'s params; the critic is not touched."""
     s = st.config.sft
-    n_steps = sft_steps(s, len(sft_set))
-    if not (sft_set and n_steps):
-        return FineTuned(actor, [{"step": 0, "skipped": "empty Q_clean" if not sft_set
-                                  else "sft.steps=0"}], 0)
+    n_steps = sft_steps(s, len(q_clean), len(rehearsal))
+    if not n_steps:
+        why = "empty Q_clean" if not q_clean else "sft.steps=0"
+        print(f"[rsr] no SFT step ({why}): the input actor is exported unchanged", flush=True)
+        return FineTuned(actor, [{"step": 0, "skipped": why}], 0, skipped=why)
+    sft_set = q_clean + rehearsal
     agg = Aggregation(s.aggregation)
     buckets = Buckets(cache_multiple=st.config.rollout.cache_multiple,
                       batch_multiple=s.num_microbatches, power_of_two=False)
@@ -443,7 +458,9 @@ def finetune(st: StageSetup, actor: TrainState, sft_set: list,
     nll_before = nll(actor)
     # the lr schedule spans this stage's SFT steps (known only now: they depend on Q_clean)
     actor = cm.with_optimizer(actor, cm.optimizer_config(st.config.actor_opt, n_steps))
-    step_fn = make_sft_step(agg, s.num_microbatches, state=actor)
+    step_fn = make_sft_step(agg, s.num_microbatches, state=actor, kl_coef=s.kl_coef)
+    if s.kl_coef > 0:  # π_in: a copy, the step donates the state it trains
+        step_fn = functools.partial(step_fn, ref_params=jax.tree.map(jnp.copy, actor.params))
     actor, metrics = train_sft(actor, sft_set, step_fn, num_steps=n_steps,
                                batch_size=s.batch_size, rng=rng, buckets=buckets, width=width)
     return FineTuned(actor, metrics, n_steps, nll_before, nll(actor))
@@ -491,6 +508,8 @@ def rsr_summary(st: StageSetup, disc: Discovered, rev: Reviewed, fresh: list, q_
         "rewritten_success_before": success[0],
         "rewritten_success_after": success[1],
         "sft_steps": ft.steps,
+        "sft_skipped": ft.skipped,
+        "sft_skipped_empty_q_clean": int(ft.skipped == "empty Q_clean"),
         "critic_bit_identical": identical,
         "planner": st.config.planner.kind,
     }
@@ -510,7 +529,7 @@ def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
     rewritten_ids = {t.task_id for t in q_clean}
     rewritten = [t for t in st.tasks if t.id in rewritten_ids]
     before = rewritten_success(st, actor, rewritten, config.seed + 11)
-    ft = finetune(st, actor, q_clean + rehearsal, np.random.default_rng(config.seed))
+    ft = finetune(st, actor, q_clean, rehearsal, np.random.default_rng(config.seed))
     cm.write_jsonl(os.path.join(workdir, "metrics.jsonl"), ft.metrics)
     after = rewritten_success(st, ft.actor, rewritten, config.seed + 12)
     identical = export_weights_checked(st, ft.actor)

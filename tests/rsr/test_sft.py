@@ -70,8 +70,9 @@ def test_microbatch_accumulation_is_exact_and_step_lowers_nll():
 
 
 def test_sft_steps_sized_by_q_clean():
-    """sft.epochs sizes the RSR fine-tune by |Q_clean| (ceil, at least 1), capped at
-    sft.steps; without it (None) the stage always runs sft.steps."""
+    """sft.epochs sizes the RSR fine-tune by |Q_clean| + |rehearsal| (ceil, at least 1),
+    capped at sft.steps; without it (None) the stage always runs sft.steps; an empty Q_clean
+    is 0 steps whatever the rehearsal holds."""
     import ml_collections
 
     from terminal_rsi.rsr.stage import sft_steps
@@ -80,6 +81,9 @@ def test_sft_steps_sized_by_q_clean():
     assert sft_steps(s, 13) == 4          # ceil(2 * 13 / 8)
     assert sft_steps(s, 1) == 1
     assert sft_steps(s, 1000) == 60       # capped
-    assert sft_steps(s, 0) == 60          # empty Q_clean: the stage skips SFT anyway
+    assert sft_steps(s, 5, 8) == 4        # ceil(2 * (5 + 8) / 8)
+    assert sft_steps(s, 0) == 0           # empty Q_clean: no SFT step
+    assert sft_steps(s, 0, 40) == 0       # ... even with self-rehearsal successes
     s.epochs = None
-    assert sft_steps(s, 13) == 60
+    assert sft_steps(s, 13) == 60 and sft_steps(s, 13, 7) == 60
+    assert sft_steps(s, 0, 7) == 0
