@@ -1,5 +1,7 @@
-"""Static HTML report of a run: stage ledger, plots, per-family table, a trajectory browser
-and token-level TB-GAE credit heatmaps (docs/report.md).
+"""Static HTML report of a run: a headline (per-stage success per suite, the validation
+decision and its reason, critic EV, the progression plot), notes, plots, per-family table,
+the folded stage record, a trajectory browser and token-level TB-GAE credit heatmaps
+(docs/report.md).
 
     python experiments/run.py --config=configs/report.py --config.run=<run or stage dir>
 

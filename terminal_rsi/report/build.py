@@ -4,10 +4,20 @@ Output folder (default `<run>/report/`):
 
     index.html          the page (open it from disk; no server, no network)
     report.css, report.js
-    data.js             window.TRSI_REPORT = {...}: stages, plots, family table, episode index
+    data.js             window.TRSI_REPORT = {...}: headline, notes, stages, training numbers,
+                        plots, family table, episode index
     episodes/NNNNNN.js  TRSI_EPISODE(id, {...}): one episode's turns, checks and credit rows,
                         loaded on demand with a <script> tag (works from file://)
     plots/*.png         the ledger's plots (copied) or ones drawn from metrics.jsonl
+
+The page opens with the headline (`data.headline`: per stage Mean@k and pass@k per suite,
+the validation score against its input's with the decision and its reason, critic EV on the
+evaluation episodes, wall time of training + evaluation + validation) and the progression
+plot; notes follow, one line per kind (`data.group_notes`: e.g. "13 trajectory shards
+truncated", the shards folded beneath); the stage record (times, inputs, errors, every
+training number) is folded, with a table of selected training numbers (`data.train_numbers`).
+A shard two stages name (a critic warm-up's eval reuses its input's episodes) is listed once,
+under the first; validation episodes (`<stage>/validation/*.jsonl`) are listed too.
 
 All text reaches the page as JSON and is inserted with textContent, never as HTML, so
 observations with arbitrary bytes or markup are shown, not executed.
@@ -44,6 +54,8 @@ PREFERRED_CURVES = ("reward_binary", "reward_dense", "value_ev_pre_update", "eva
                     "critic/loss", "actor/loss", "loss", "accuracy")
 _SERIES = re.compile(r"^([A-Za-z]+)_(\d+)\.jsonl$")  # numbered per-step shards
 _SKIP_CURVES = ("step", "policy_version", "data_position", "critic_only")
+EVAL_KEYS = ("k", "num_tasks", "mean_at_k", "pass_at_k", "process_reward", "explained_variance",
+             "strata", "trajectories")
 
 
 @dataclasses.dataclass
@@ -107,11 +119,15 @@ class _Builder:
     def __init__(self, run: pathlib.Path, options: ReportOptions):
         self.run = run
         self.opt = options
-        self.warnings: list[str] = []
+        self.notes: list[tuple[str, str]] = []  # (kind, text): data.group_notes folds them
+        self.shown: dict[str, str] = {}  # real path of a loaded shard -> its stage
         self.episodes: list[dict] = []  # index rows
         self.details: list[dict] = []
         self.families: list[dict] = []
         self.tokenizers: dict[tuple, tuple] = {}
+
+    def note(self, kind: str, text: str) -> None:
+        self.notes.append((kind, text))
 
     # -- input ---------------------------------------------------------------------------
 
@@ -163,23 +179,39 @@ class _Builder:
                 other.append(p)
         shards = other + [q for prefix in sorted(series, key=lambda k: (k != "step", k))
                           for q in _pick_train_shards(series[prefix], self.opt.max_train_shards)]
-        shards += jsonl("eval")
-        for suite, ev in sorted((stage.get("eval") or {}).items()):
-            rel = ev.get("trajectories") if isinstance(ev, dict) else None
-            if not rel:
-                continue
-            p = (self.run / rel)
-            if not p.exists():
-                self.warnings.append(f"stage {stage['name']}: eval suite {suite} lists "
-                                     f"trajectories {rel}, which do not exist")
-                continue
-            shards.append(p)
+        shards += jsonl("eval") + jsonl("validation")
+        shards += self.ledger_shards(stage)
         seen, out = set(), []
         for p in shards:
             key = os.path.realpath(p)
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
+            if key in seen:
+                continue
+            seen.add(key)
+            if key in self.shown and self.shown[key] != stage["name"]:
+                self.note("shared", f"stage {stage['name']}: {self._rel(p)} is shown under "
+                                    f"stage {self.shown[key]}")
+                continue
+            self.shown[key] = stage["name"]
+            out.append(p)
+        return out
+
+    def ledger_shards(self, stage: dict) -> list[pathlib.Path]:
+        """The shards the ledger names: each eval suite's and the validation record's."""
+        named = [(f"eval suite {suite}", ev.get("trajectories"))
+                 for suite, ev in sorted((stage.get("eval") or {}).items())
+                 if isinstance(ev, dict)]
+        val = stage.get("validation")
+        if isinstance(val, dict):
+            named.append(("validation", val.get("trajectories")))
+        out = []
+        for what, rel in named:
+            if not isinstance(rel, str) or not rel:
+                continue
+            if not (self.run / rel).exists():
+                self.note("missing", f"stage {stage['name']}: {what} lists trajectories "
+                                     f"{rel}, which do not exist")
+                continue
+            out.append(self.run / rel)
         return out
 
     def load_shard(self, stage: str, shard: pathlib.Path, tok, divisors, stage_eps: list):
@@ -192,15 +224,15 @@ class _Builder:
         cap = self.opt.max_episodes_per_shard
         shown = trajs if cap <= 0 else trajs[:cap]
         if len(shown) < len(trajs):
-            self.warnings.append(f"{self._rel(shard)}: showing the first {len(shown)} of "
-                                 f"{len(trajs)} episodes (max_episodes_per_shard)")
+            self.note("truncated", f"{self._rel(shard)}: showing the first {len(shown)} of "
+                                   f"{len(trajs)} episodes (max_episodes_per_shard)")
         credit: dict[int, list[dict]] = {}
         cpath = shard.with_name(shard.name[:-len(".jsonl")] + ".credit.npz")
         if cpath.exists():
             arrays = D.read_credit(cpath, len(trajs))
             credit, warns = D.episode_credit(trajs, arrays, tok, self._rel(cpath),
                                              limit=len(shown))
-            self.warnings += warns
+            self.notes += [("credit", w) for w in warns]
         name = shard.name[:-len(".jsonl")]
         for i, traj in enumerate(shown):
             rw = D.episode_rewards(traj, divisors)
@@ -252,7 +284,7 @@ class _Builder:
         for key, rel in (ledger.get("plots") or {}).items():
             src = self.run / str(rel)
             if not src.is_file():
-                self.warnings.append(f"ledger plot {key}: {rel} does not exist")
+                self.note("missing", f"ledger plot {key}: {rel} does not exist")
                 continue
             safe = re.sub(r"[^A-Za-z0-9_-]", "_", str(key)) or "plot"  # a file name, no path
             suffix = src.suffix if re.fullmatch(r"\.[A-Za-z0-9]+", src.suffix) else ".png"
@@ -263,8 +295,8 @@ class _Builder:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            self.warnings.append("matplotlib is not installed: no plots drawn from metrics "
-                                 "(pip install 'terminal_rsi[report]')")
+            self.note("other", "matplotlib is not installed: no plots drawn from metrics "
+                               "(pip install 'terminal_rsi[report]')")
             return plots
         if "training_curves" not in have and any(metrics.values()):
             f = _draw_training_curves(metrics, pdir / "training_curves.png")
@@ -292,51 +324,59 @@ class _Builder:
         run_cfg = None if single else _stage_config(self.run)
         stages, metrics = [], {}
         for s in ledger["stages"]:
-            sdir = self.run / str(s.get("dir") or s["name"])
-            cfg = _stage_config(sdir) if sdir.is_dir() else None
-            preset = _preset(cfg) or _preset(run_cfg)
-            tok, tok_desc = self.tokenizer(preset, cfg or run_cfg)
-            divisors, div_desc = D.divisors_for(cfg, (sdir, self.run))
-            mpath = sdir / "metrics.jsonl"
-            if mpath.is_file():
-                metrics[s["name"]] = D.read_metrics(mpath)
-            stage_eps: list = []
-            shards = self.stage_shards(s, sdir) if sdir.is_dir() else []
-            for shard in shards:
-                self.load_shard(s["name"], shard, tok, divisors, stage_eps)
-            for suite, ev in sorted((s.get("eval") or {}).items()):
-                for fam, st in sorted((ev.get("per_family") or {}).items()):
-                    if isinstance(st, dict):
-                        self.families.append({
-                            "stage": s["name"], "source": f"ledger eval: {suite}",
-                            "family": fam, "n": st.get("n"), "success": st.get("success"),
-                            "mean_p_over_n": st.get("mean_p_over_n"), "fdr": st.get("fdr"),
-                            "spr": st.get("spr")})
-            self.families += D.family_rows(s["name"], stage_eps)
-            evals = {}
-            for suite, ev in (s.get("eval") or {}).items():
-                evals[suite] = {k: ev.get(k) for k in (
-                    "k", "num_tasks", "mean_at_k", "pass_at_k", "process_reward",
-                    "explained_variance", "strata", "trajectories") if k in ev}
-            stages.append({
-                "name": s["name"], "experiment": s.get("experiment"), "status": s.get("status"),
-                "dir": s.get("dir"), "inputs": s.get("inputs"), "outputs": s.get("outputs"),
-                "config_hash": s.get("config_hash"), "started": s.get("started"),
-                "finished": s.get("finished"), "wall_s": s.get("wall_s"),
-                "train": s.get("train"), "eval": evals, "error": s.get("error"),
-                "traceback": _tail(sdir / "error.txt"),
-                "tokenizer": tok_desc, "divisors": div_desc,
-                "shards": [self._rel(p) for p in shards],
-                "metrics_steps": len(metrics.get(s["name"], []))})
+            stages.append(self.stage(s, run_cfg, metrics))
         plots = self.plots(ledger, out, metrics)
         return {
             "format": "terminal_rsi.report/1", "title": self.opt.title or
             f"Run report: {self.run.name}", "run": str(self.run),
             "single_stage": single, "ledger_updated": ledger.get("updated"),
             "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "headline": D.headline(ledger["stages"]),
+            "train_numbers": D.train_numbers(ledger["stages"]),
             "stages": stages, "plots": plots, "families": self.families,
-            "episodes": self.episodes, "warnings": self.warnings,
+            "episodes": self.episodes, "warnings": [text for _, text in self.notes],
+            "notes": D.group_notes(self.notes),
         }
+
+    def stage(self, s: dict, run_cfg: dict | None, metrics: dict[str, list[dict]]) -> dict:
+        """Read one ledger stage (its dir's config, metrics and shards) into its page view."""
+        sdir = self.run / str(s.get("dir") or s["name"])
+        cfg = _stage_config(sdir) if sdir.is_dir() else None
+        preset = _preset(cfg) or _preset(run_cfg)
+        tok, tok_desc = self.tokenizer(preset, cfg or run_cfg)
+        divisors, div_desc = D.divisors_for(cfg, (sdir, self.run))
+        mpath = sdir / "metrics.jsonl"
+        if mpath.is_file():
+            metrics[s["name"]] = D.read_metrics(mpath)
+        stage_eps: list = []
+        shards = self.stage_shards(s, sdir) if sdir.is_dir() else []
+        for shard in shards:
+            self.load_shard(s["name"], shard, tok, divisors, stage_eps)
+        self.families += _ledger_family_rows(s) + D.validation_family_rows(s)
+        self.families += D.family_rows(s["name"], stage_eps)
+        evals = {suite: {k: ev.get(k) for k in EVAL_KEYS if k in ev}
+                 for suite, ev in (s.get("eval") or {}).items()}
+        return {
+            "name": s["name"], "experiment": s.get("experiment"), "status": s.get("status"),
+            "dir": s.get("dir"), "inputs": s.get("inputs"), "outputs": s.get("outputs"),
+            "config_hash": s.get("config_hash"), "started": s.get("started"),
+            "finished": s.get("finished"), "wall_s": s.get("wall_s"),
+            "eval_wall_s": s.get("eval_wall_s"), "walls": D.stage_walls(s),
+            "validation": D.validation_view(s),
+            "train": s.get("train"), "eval": evals, "error": s.get("error"),
+            "traceback": _tail(sdir / "error.txt"),
+            "tokenizer": tok_desc, "divisors": div_desc,
+            "shards": [self._rel(p) for p in shards],
+            "metrics_steps": len(metrics.get(s["name"], []))}
+
+
+def _ledger_family_rows(s: dict) -> list[dict]:
+    """The family table rows of a stage's ledger eval (its per_family numbers)."""
+    return [{"stage": s["name"], "source": f"ledger eval: {suite}", "family": fam,
+             "n": st.get("n"), "success": st.get("success"),
+             "mean_p_over_n": st.get("mean_p_over_n"), "fdr": st.get("fdr"), "spr": st.get("spr")}
+            for suite, ev in sorted((s.get("eval") or {}).items())
+            for fam, st in sorted((ev.get("per_family") or {}).items()) if isinstance(st, dict)]
 
 
 def _flat_scalars(d: dict, prefix: str = "") -> dict:
@@ -455,12 +495,18 @@ _INDEX = """<!doctype html>
 <header><h1>{title}</h1><div id="run-info">{run}</div></header>
 <noscript>This report needs JavaScript (it runs locally; nothing is fetched from the
 network).</noscript>
-<nav><a href="#stages">Stages</a> <a href="#plots">Plots</a> <a href="#families">Families</a>
+<nav><a href="#headline">Headline</a> <a href="#notes">Notes</a> <a href="#plots">Plots</a>
+<a href="#families">Families</a> <a href="#stages">Stage details</a>
 <a href="#browser">Trajectories</a></nav>
-<section id="warnings" hidden><h2>Warnings</h2><ul id="warning-list"></ul></section>
-<section id="stages"><h2>Stage ledger</h2><div id="stage-table"></div></section>
+<section id="headline"><h2>Headline</h2><div id="headline-table"></div>
+<div id="headline-plot"></div></section>
+<section id="notes" hidden><h2>Notes</h2><ul id="note-list"></ul></section>
 <section id="plots"><h2>Plots</h2><div id="plot-list"></div></section>
 <section id="families"><h2>Per-family results</h2><div id="family-table"></div></section>
+<section id="stages"><h2>Stage details</h2><details id="stage-details"><summary>status,
+times, inputs, errors, what the report read, selected training numbers</summary>
+<div id="stage-table"></div>
+<h3>Training numbers</h3><div id="train-table"></div></details></section>
 <section id="browser"><h2>Trajectories</h2>
 <div id="filters"></div>
 <div id="episode-count" data-count="0"></div>

@@ -94,7 +94,7 @@ def check_ledger(ledger: Any, path: pathlib.Path) -> dict:
         if not isinstance(s, dict) or not isinstance(s.get("name"), str):
             raise ReportInputError(f"ledger {path}: stages[{i}] must be an object with a "
                                    "string 'name'")
-        for key in ("train", "eval", "inputs", "outputs"):
+        for key in ("train", "eval", "inputs", "outputs", "validation"):
             if s.get(key) is not None and not isinstance(s[key], dict):
                 raise ReportInputError(f"ledger {path}: stages[{i}].{key} must be an object")
         for suite, ev in (s.get("eval") or {}).items():
@@ -384,3 +384,128 @@ def family_rows(stage: str, episodes: Sequence[tuple[Any, dict]]) -> list[dict]:
             "spr": _mean([r["spr"] for _, r in eps]),
         })
     return rows
+
+
+# ----------------------------------------------------------------------------- headline
+
+HEADLINE_SUITES = ("heldout_instances", "heldout_families")
+VALIDATION_KEYS = ("metric", "k", "num_tasks", "score", "input", "input_score", "decision",
+                   "chosen", "chosen_score", "reason", "wall_s", "trajectories")
+# training numbers shown in the stage details table (a "final/" or "mean/" prefix is allowed)
+TRAIN_NUMBERS = ("steps", "sft_steps", "loss", "nll_per_token", "reward_binary",
+                 "reward_dense", "value_ev_pre_update", "critic/explained_variance",
+                 "explained_variance", "actor/approx_kl", "actor/kl_ref", "actor/clip_frac_high",
+                 "malformed_token_frac", "episodes", "demos", "discovery_verified", "runbooks",
+                 "runbooks_accepted", "fresh_acceptance_rate", "q_clean_size", "nll_before",
+                 "nll_after")
+TRAIN_PREFIXES = ("", "final/", "mean/")
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def suite_order(stages: Sequence[dict]) -> list[str]:
+    """The eval suites of a ledger: the held-out ones first, then the others by name."""
+    found = {suite for s in stages for suite in (s.get("eval") or {})}
+    return [x for x in HEADLINE_SUITES if x in found] + sorted(found - set(HEADLINE_SUITES))
+
+
+def eval_k(stages: Sequence[dict]) -> int | None:
+    """The evaluation's k (the first suite record that gives one)."""
+    return next((ev["k"] for s in stages for ev in (s.get("eval") or {}).values()
+                 if isinstance(ev, dict) and isinstance(ev.get("k"), int)), None)
+
+
+def critic_ev(evals: dict, suites: Sequence[str]) -> float | None:
+    """The stage critic's explained variance on evaluation episodes (first suite giving one)."""
+    return next((_number(evals[x].get("explained_variance")) for x in suites
+                 if x in evals and _number(evals[x].get("explained_variance")) is not None),
+                None)
+
+
+def stage_walls(stage: dict) -> dict:
+    """Seconds of training (`wall_s`), held-out evaluation (`eval_wall_s`) and validation
+    (`validation.wall_s`), and their total (None where none is recorded)."""
+    val = stage.get("validation") if isinstance(stage.get("validation"), dict) else {}
+    out = {"train": _number(stage.get("wall_s")), "eval": _number(stage.get("eval_wall_s")),
+           "validation": _number(val.get("wall_s"))}
+    parts = [x for x in out.values() if x is not None]
+    return {**out, "total": sum(parts) if parts else None}
+
+
+def validation_view(stage: dict) -> dict | None:
+    """The stage's model selection record (None: no record, e.g. a ledger written before
+    model selection, or a stage that trains no actor)."""
+    rec = stage.get("validation")
+    if not isinstance(rec, dict) or not rec.get("decision"):
+        return None
+    return {k: rec.get(k) for k in VALIDATION_KEYS}
+
+
+def headline_row(stage: dict, suites: Sequence[str]) -> dict:
+    evals = {k: v for k, v in (stage.get("eval") or {}).items() if isinstance(v, dict)}
+    mean = {x: _number(evals.get(x, {}).get("mean_at_k")) for x in suites}
+    pass_k = {x: _number((evals.get(x, {}).get("pass_at_k") or {}).get(
+        str(evals.get(x, {}).get("k")))) for x in suites}
+    return {"stage": stage["name"], "status": stage.get("status"), "error": stage.get("error"),
+            "mean_at_k": mean, "pass_at_k": pass_k, "ev": critic_ev(evals, suites),
+            "validation": validation_view(stage), "wall": stage_walls(stage)}
+
+
+def headline(stages: Sequence[dict]) -> dict:
+    """What the report opens with: per stage, Mean@k (and pass@k) per suite, the validation
+    score against its input's with the decision and its reason, the critic's EV on the
+    evaluation episodes, and the wall time (training + evaluation + validation)."""
+    suites = suite_order(stages)
+    return {"suites": suites, "k": eval_k(stages),
+            "rows": [headline_row(s, suites) for s in stages]}
+
+
+def _train_key_rank(key: str) -> tuple[int, int] | None:
+    for p, prefix in enumerate(TRAIN_PREFIXES):
+        if key.startswith(prefix) and key[len(prefix):] in TRAIN_NUMBERS:
+            return TRAIN_NUMBERS.index(key[len(prefix):]), p
+    return None
+
+
+def train_numbers(stages: Sequence[dict]) -> list[dict]:
+    """Selected training numbers (TRAIN_NUMBERS) as rows {"key", "values": {stage: x}}, in
+    the order of TRAIN_NUMBERS; only keys some stage records."""
+    keys = {k for s in stages for k in (s.get("train") or {}) if _train_key_rank(k)}
+    return [{"key": k, "values": {s["name"]: (s.get("train") or {}).get(k) for s in stages
+                                  if k in (s.get("train") or {})}}
+            for k in sorted(keys, key=_train_key_rank)]
+
+
+def validation_family_rows(stage: dict) -> list[dict]:
+    """Per-family validation success of a stage's model selection record (family table rows)."""
+    fams = (stage["validation"].get("per_family") or {}) if validation_view(stage) else {}
+    return [{"stage": stage["name"], "source": "validation", "family": f, "n": None,
+             "success": _number(v), "mean_p_over_n": None, "fdr": None, "spr": None}
+            for f, v in sorted(fams.items()) if _number(v) is not None]
+
+
+# ----------------------------------------------------------------------------- notes
+
+# kind -> the one line a group of notes collapses to (its items are folded beneath)
+NOTE_KINDS = {
+    "missing": "{n} files named by the ledger do not exist",
+    "credit": "{n} credit rows not shown as stored (misindexed or not matching any episode)",
+    "other": "{n} other notes",
+    "shared": "{n} shards already shown under an earlier stage",
+    "truncated": "{n} trajectory shards truncated to their first episodes "
+                 "(max_episodes_per_shard)",
+}
+
+
+def group_notes(notes: Sequence[tuple[str, str]]) -> list[dict]:
+    """[(kind, text)] -> [{"kind", "summary", "items"}], one group per kind in NOTE_KINDS
+    order (unknown kinds count as "other"); a group of one shows its item as the summary."""
+    by: dict[str, list[str]] = {}
+    for kind, text in notes:
+        by.setdefault(kind if kind in NOTE_KINDS else "other", []).append(text)
+    return [{"kind": kind, "items": by[kind],
+             "summary": by[kind][0] if len(by[kind]) == 1
+             else NOTE_KINDS[kind].format(n=len(by[kind]))}
+            for kind in NOTE_KINDS if kind in by]

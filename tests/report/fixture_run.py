@@ -4,8 +4,10 @@ Episodes are real: built-in tasks run through `terminal_rsi.agent.harness.run_ep
 local sandbox backend with the reference policy and a partly-wrong scripted policy (a
 malformed reply, a command whose output is hostile HTML, a wrong answer). Credit arrays are
 real: `pack_trajectories` + `tb_gae` on a seeded value array, saved per the C2 contract.
-The ledger follows C5 (a done base stage without credit, a done RPR stage with step and eval
-shards, a failed and a pending stage).
+The ledger follows C5 (a done base stage without credit, a done RPR stage with step, eval and
+validation shards, a failed and a pending stage); the two done stages carry the model
+selection record (`validation`: the base, and an RPR stage whose actor was rejected) and
+`eval_wall_s`, the other two do not (as in ledgers written before model selection).
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ def build_run(root: str | os.PathLike, trajs=None) -> dict:
     credit = credit_arrays(trajs)
     np.savez(rpr / "trajectories" / "step_00001.credit.npz", **credit)
     write_shard(rpr / "eval" / "heldout_instances.jsonl", trajs[1:3])
+    write_shard(rpr / "validation" / "validation.jsonl", trajs[3:5])
     _json(rpr / "summary.json", {"episodes": 6, "per_family": {"fix_script": 0.5}})
     (rpr / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "reward_binary": 0.2 * s, "reward_dense": 0.3 * s,
@@ -161,29 +164,58 @@ def build_run(root: str | os.PathLike, trajs=None) -> dict:
         "trajectories": "rpr1_fdr/eval/heldout_instances.jsonl"}
     ledger = {
         "format": "terminal_rsi.ledger/1", "run": str(run.resolve()),
-        "updated": "2026-11-30T02:00:00Z",
-        "stages": [
-            {"name": "base_sft", "experiment": "base_sft", "status": "done", "dir": "base_sft",
-             "inputs": {}, "outputs": {"export": "base_sft/export"}, "config_hash": "ab" * 32,
-             "started": "2026-11-30T01:00:00Z", "finished": "2026-11-30T01:10:00Z",
-             "wall_s": 600.0, "train": {"loss": 0.4}, "eval": {}, "error": None},
-            {"name": "rpr1_fdr", "experiment": "rpr_phase", "status": "done", "dir": "rpr1_fdr",
-             "inputs": {"actor": "base_sft/export"}, "outputs": {"export": "rpr1_fdr/export"},
-             "config_hash": "cd" * 32, "started": "2026-11-30T01:10:00Z",
-             "finished": "2026-11-30T01:30:00Z", "wall_s": 1200.0,
-             "train": {"reward_binary": 0.6, "explained_variance": 0.3},
-             "eval": {"heldout_instances": eval_suite}, "error": None},
-            {"name": "rpr2_spr", "experiment": "rpr_phase", "status": "failed",
-             "dir": "rpr2_spr", "inputs": {"actor": "rpr1_fdr/export"},
-             "error": "PhaseError: <b>no trainable episodes</b>"},
-            {"name": "final_eval", "experiment": "evaluate", "status": "pending",
-             "dir": "final_eval"}],
+        "updated": "2026-11-30T02:00:00Z", "stages": _stages(eval_suite),
         "plots": {"critic_ev": "plots/critic_ev.png", "reward_profile": "plots/absent.png"}}
     (run / "rpr2_spr").mkdir()
     (run / "rpr2_spr" / "error.txt").write_text("Traceback (most recent call last):\n"
                                                  "PhaseError: <b>no trainable episodes</b>\n")
     _json(run / "ledger.json", ledger)
     return {"run": run, "trajs": trajs, "credit": credit}
+
+
+REJECTED = ("validation Mean@1 0.250 does not beat its input base_sft (0.500); base_sft's "
+            "actor handed on unchanged")
+
+
+def _validation(decision, score, source, source_score, chosen, reason, **extra):
+    return {"metric": "mean_at_k", "k": 1, "num_tasks": 4, "score": score, "input": source,
+            "input_score": source_score, "decision": decision, "chosen": chosen,
+            "chosen_score": source_score if decision == "input" else score, "reason": reason,
+            "per_family": {"create_file": 1.0, "hint_lookup": score}, **extra}
+
+
+def _stages(eval_suite: dict) -> list[dict]:
+    """The ledger's stages: base_sft and rpr1_fdr done (with validation records and
+    eval_wall_s), rpr2_spr failed, final_eval pending (neither has the newer keys)."""
+    base_eval = {"k": 1, "num_tasks": 2, "mean_at_k": 0.25, "pass_at_k": {"1": 0.25},
+                 "explained_variance": 0.0}
+    families = {"k": 1, "num_tasks": 1, "mean_at_k": 0.0, "pass_at_k": {"1": 0.0},
+                "explained_variance": None}
+    return [
+        {"name": "base_sft", "experiment": "base_sft", "status": "done", "dir": "base_sft",
+         "inputs": {}, "outputs": {"export": "base_sft/export"}, "config_hash": "ab" * 32,
+         "started": "2026-11-30T01:00:00Z", "finished": "2026-11-30T01:10:00Z",
+         "wall_s": 600.0, "train": {"loss": 0.4}, "eval": {"heldout_instances": base_eval},
+         "eval_wall_s": 30.0, "error": None,
+         "validation": _validation("base", 0.5, None, None, "base_sft",
+                                   "the base: validation Mean@1 0.500", wall_s=12.0)},
+        {"name": "rpr1_fdr", "experiment": "rpr_phase", "status": "done", "dir": "rpr1_fdr",
+         "inputs": {"actor": "base_sft/export"}, "outputs": {"export": "rpr1_fdr/export"},
+         "config_hash": "cd" * 32, "started": "2026-11-30T01:10:00Z",
+         "finished": "2026-11-30T01:30:00Z", "wall_s": 1200.0,
+         "train": {"reward_binary": 0.6, "explained_variance": 0.3, "final/actor/kl_ref": 2e-5,
+                   "raw_counter": 7},
+         "eval": {"heldout_instances": {**eval_suite, "explained_variance": 0.42},
+                  "heldout_families": families},
+         "eval_wall_s": 45.0, "error": None,
+         "validation": _validation("input", 0.25, "base_sft", 0.5, "base_sft", REJECTED,
+                                   wall_s=20.0,
+                                   trajectories="rpr1_fdr/validation/validation.jsonl")},
+        {"name": "rpr2_spr", "experiment": "rpr_phase", "status": "failed",
+         "dir": "rpr2_spr", "inputs": {"actor": "rpr1_fdr/export"},
+         "error": "PhaseError: <b>no trainable episodes</b>"},
+        {"name": "final_eval", "experiment": "evaluate", "status": "pending",
+         "dir": "final_eval"}]
 
 
 def expected_spans(traj, credit, row):

@@ -1,6 +1,8 @@
 """The report in a real browser: Debian's Chromium, headless, over the DevTools protocol.
 
-Loads index.html from file:// (no server), checks there are no console errors, that the
+Loads index.html from file:// (no server), checks there are no console errors, that the page
+opens with the headline (per-stage success, the validation decision and its reason, critic
+EV, then the progression plot) with notes and the stage record below, that the
 filters change the listed episode count as the episodes dictate, that opening an episode
 shows its turns, checks and heatmap (one coloured cell per generated token, turn marks,
 collapsed observation spans), that hostile observation text is shown, not executed, and
@@ -17,9 +19,10 @@ import struct
 import numpy as np
 import pytest
 
+from terminal_rsi.report import ReportOptions, build_report
 from terminal_rsi.report.browser import Browser, find_chromium
 
-from .fixture_run import HOSTILE, expected_spans
+from .fixture_run import HOSTILE, REJECTED, expected_spans
 
 # module/session-scoped fixtures are expensive: keep these tests on one xdist worker
 pytestmark = pytest.mark.xdist_group("report")
@@ -49,7 +52,8 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
     # the episodes the page lists, from the fixture itself: (stage, shard, traj)
     listed = [("base_sft", "discovery", t) for t in trajs[:2]] + \
         [("rpr1_fdr", "step_00001", t) for t in trajs] + \
-        [("rpr1_fdr", "heldout_instances", t) for t in trajs[1:3]]
+        [("rpr1_fdr", "heldout_instances", t) for t in trajs[1:3]] + \
+        [("rpr1_fdr", "validation", t) for t in trajs[3:5]]
     with Browser.launch(chromium) as browser:
         page = browser.new_page(1600, 1000)
         page.goto(built_report.as_uri())
@@ -67,7 +71,8 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
                           " s.dispatchEvent(new Event('change')); })()")
 
         assert count() == rows() == len(listed)
-        assert page.evaluate("document.querySelectorAll('#stage-ledger tbody tr').length") == 4
+        _check_headline(page)
+        assert page.evaluate("document.querySelectorAll('#stage-ledger > tbody > tr').length") == 4
         assert "<b>no trainable" in page.evaluate(  # the failed stage's error.txt, as text
             "document.querySelector('#stage-ledger details pre').textContent")
         assert page.evaluate("[...document.images].length") == 3
@@ -77,10 +82,10 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
         select("stage", "base_sft")
         assert count() == rows() == 2
         select("stage", "rpr1_fdr")
-        assert count() == rows() == len(trajs) + 2
+        assert count() == rows() == len(trajs) + 4
         select("outcome", "0")
         failures = [x for x in listed if x[0] == "rpr1_fdr" and x[2].S == 0]
-        assert 0 < count() == rows() == len(failures) < len(trajs) + 2
+        assert 0 < count() == rows() == len(failures) < len(trajs) + 4
         select("reason", "max_turns")
         assert count() == len([x for x in failures if x[2].terminal_reason == "max_turns"]) > 0
         select("reason", "")
@@ -151,6 +156,60 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
     if os.environ.get("TRSI_UPDATE_DOCS_IMG") == "1":
         (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, ROOT / "docs" / "img" / "report_heatmap.png")
+
+
+def _check_headline(page):
+    """The first section is the headline: one row per stage with the decision and its reason,
+    then the progression plot; the notes and the folded stage record come after."""
+    assert page.evaluate("document.querySelector('section').id") == "headline"
+    assert page.evaluate("[...document.querySelectorAll('section')].map(s => s.id)") == [
+        "headline", "notes", "plots", "families", "stages", "browser"]
+    cells = page.evaluate("[...document.querySelectorAll('#headline-stages tbody tr')]"
+                          ".map(r => [...r.cells].map(c => c.textContent))")
+    assert [c[0] for c in cells] == ["base_sft", "rpr1_fdr", "rpr2_spr", "final_eval"]
+    # stage, status, hi Mean@1, hi pass@1, hf Mean@1, validation, decision, EV, wall
+    assert cells[1][:6] == ["rpr1_fdr", "done", "50.0", "50.0", "0.0", "25.0 vs 50.0 (base_sft)"]
+    assert cells[1][6] == "input handed on" + REJECTED
+    assert cells[1][7:] == ["0.42", "1265"]
+    assert cells[0][5:] == ["50.0", "basethe base: validation Mean@1 0.500", "0.00", "642"]
+    assert cells[2][5:] == ["–", "–", "–", "–"]  # no validation record, no eval, no wall
+    assert page.evaluate("document.querySelector('#headline-stages td[data-decision=input]')"
+                         ".closest('tr').dataset.stage") == "rpr1_fdr"
+    assert page.evaluate("document.querySelector('#headline-plot img').alt") == "progression"
+    assert page.evaluate("document.querySelectorAll('#plot-list img[alt=progression]').length") \
+        == 0
+    notes = page.evaluate("[...document.querySelectorAll('#note-list > li')]"
+                          ".map(li => li.textContent)")
+    assert len(notes) == 1 and "absent.png" in notes[0]
+    assert page.evaluate("document.getElementById('stage-details').open") is False
+    assert page.evaluate("document.querySelectorAll('#train-numbers tbody tr').length") == 4
+
+
+def test_old_ledger_and_folded_notes_in_chromium(chromium, real_run, tmp_path):
+    """A ledger without validation or eval_wall_s, with every shard truncated: the headline
+    shows dashes for the decision, the truncation notes fold into one line."""
+    run = tmp_path / "run"
+    shutil.copytree(real_run["run"], run, ignore=shutil.ignore_patterns("report"))
+    ledger = json.loads((run / "ledger.json").read_text())
+    for s in ledger["stages"]:
+        s.pop("validation", None)
+        s.pop("eval_wall_s", None)
+    (run / "ledger.json").write_text(json.dumps(ledger))
+    index = build_report(run, options=ReportOptions(max_episodes_per_shard=1))
+    with Browser.launch(chromium) as browser:
+        page = browser.new_page(1400, 900)
+        page.goto(index.as_uri())
+        page.wait_for("document.body.dataset.ready === '1'")
+        decisions = page.evaluate("[...document.querySelectorAll('#headline-stages td"
+                                  ".decision')].map(c => c.textContent)")
+        assert decisions == ["–"] * 4
+        notes = page.evaluate("[...document.querySelectorAll('#note-list > li')]"
+                              ".map(li => li.querySelector('summary') ?"
+                              " li.querySelector('summary').textContent : li.textContent)")
+        assert notes[1] == ("4 trajectory shards truncated to their first episodes "
+                            "(max_episodes_per_shard)")
+        assert page.evaluate("document.querySelectorAll('#note-list details li').length") == 4
+        assert page.errors == [], page.errors
 
 
 def test_page_errors_are_caught(chromium, tmp_path):

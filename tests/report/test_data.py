@@ -142,8 +142,9 @@ def test_token_texts():
 def test_report_contents(real_run, built_report):
     page = _page(built_report)
     trajs = real_run["trajs"]
-    # base_sft: 2 discovery episodes; rpr1_fdr: 6 step episodes + 2 eval episodes
-    assert [e["stage"] for e in page["episodes"]] == ["base_sft"] * 2 + ["rpr1_fdr"] * 8
+    # base_sft: 2 discovery episodes; rpr1_fdr: 6 step + 2 eval + 2 validation episodes
+    assert [e["stage"] for e in page["episodes"]] == ["base_sft"] * 2 + ["rpr1_fdr"] * 10
+    assert [e["shard"] for e in page["episodes"]][-2:] == ["validation"] * 2
     assert [s["status"] for s in page["stages"]] == ["done", "done", "failed", "pending"]
     # stage configs name model.preset; the pipeline's run config names the preset itself
     assert {s["tokenizer"] for s in page["stages"]} == {"ByteTokenizer"}
@@ -155,6 +156,7 @@ def test_report_contents(real_run, built_report):
     fam = {(f["stage"], f["source"], f["family"]) for f in page["families"]}
     assert ("rpr1_fdr", "ledger eval: heldout_instances", "hint_lookup") in fam
     assert ("base_sft", "episodes (computed)", "create_file") in fam
+    assert ("rpr1_fdr", "validation", "hint_lookup") in fam
     step = [e for e in page["episodes"] if e["shard"] == "step_00001"]
     assert [e["credit"] for e in step] == [True] * len(trajs)
     assert not any(e["credit"] for e in page["episodes"] if e["shard"] != "step_00001")
@@ -169,7 +171,7 @@ def test_report_contents(real_run, built_report):
     # run text travels as JSON data (inserted with textContent by report.js), never markup
     observations = [t["observation"] for e in page["episodes"]
                     for t in _episode(built_report, e["id"])["turns"]]
-    assert sum(HOSTILE in o for o in observations) == 1  # fix_script's wrong episode
+    assert sum(HOSTILE in o for o in observations) == 2  # fix_script wrong: step, validation
     html = built_report.read_text()
     assert "onerror" not in html and "http://" not in html and "https://" not in html
     js = (built_report.parent / "report.js").read_text()
@@ -236,13 +238,13 @@ def test_single_stage_dir_and_rebuild(real_run, tmp_path):
     assert page["single_stage"] and [s["name"] for s in page["stages"]] == ["rpr1_fdr"]
     assert page["stages"][0]["experiment"] == "rpr_phase"
     assert page["stages"][0]["train"] == {"episodes": 6, "per_family/fix_script": 0.5}
-    assert len(page["episodes"]) == 8  # trajectories/ and eval/ shards
+    assert len(page["episodes"]) == 10  # trajectories/, eval/ and validation/ shards
     assert {p["name"] for p in page["plots"]} == {"training_curves"}  # one stage: no progression
     (index.parent / "stale.js").write_text("old")
     trajs = read_shard(stage / "eval" / "heldout_instances.jsonl")
     write_shard(stage / "eval" / "heldout_instances.jsonl", trajs[:1])
     index = build_report(stage)
-    assert len(_page(index)["episodes"]) == 7 and not (index.parent / "stale.js").exists()
+    assert len(_page(index)["episodes"]) == 9 and not (index.parent / "stale.js").exists()
 
 
 def test_numbered_shard_series_are_thinned(real_run, tmp_path):
@@ -262,8 +264,9 @@ def test_numbered_shard_series_are_thinned(real_run, tmp_path):
     assert page["stages"][0]["shards"] == [
         "trajectories/q_clean.jsonl", "trajectories/step_00001.jsonl",
         "trajectories/step_00005.jsonl", "trajectories/eval_00002.jsonl",
-        "trajectories/eval_00006.jsonl", "eval/heldout_instances.jsonl"]
-    assert len(page["episodes"]) == 6
+        "trajectories/eval_00006.jsonl", "eval/heldout_instances.jsonl",
+        "validation/validation.jsonl"]
+    assert len(page["episodes"]) == 7
     assert any("showing the first 1 of" in w for w in page["warnings"])
 
 
@@ -281,7 +284,7 @@ def test_experiment_entry_point(real_run, tmp_path):
            "--config.max_episodes_per_shard=1", f"--workdir={tmp_path / 'wd'}"]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert len(_page(out / "index.html")["episodes"]) == 3  # one per shard
+    assert len(_page(out / "index.html")["episodes"]) == 4  # one per shard
     res = subprocess.run(cmd[:3] + [f"--config.run={tmp_path / 'missing'}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "run dir not found" in res.stderr and "missing" in res.stderr

@@ -41,65 +41,152 @@
   function td(x, cls, d) {
     return el("td", { class: cls || (typeof x === "number" ? "num" : null), text: fmt(x, d) });
   }
-  function kv(obj) {
+  function pct(x) { return x === null || x === undefined ? "–" : (100 * x).toFixed(1); }
+  function fixed(x, d) { return typeof x === "number" ? x.toFixed(d) : "–"; }
+  function num(x) {  // training numbers: small ones in exponent notation
+    if (typeof x === "number" && !Number.isInteger(x) && x !== 0 && Math.abs(x) < 1e-3) {
+      return x.toExponential(2);
+    }
+    return fmt(x);
+  }
+  function lines(obj) {
     if (!obj || !Object.keys(obj).length) return "–";
-    return Object.entries(obj).map(([k, v]) => `${k}=${fmt(v)}`).join("\n");
+    return Object.entries(obj).map(([k, v]) => `${k} ← ${fmt(v)}`).join("\n");
   }
 
-  function kvCell(obj) {  // long dicts (a stage's summary.json) fold after 8 entries
-    const n = obj ? Object.keys(obj).length : 0;
-    if (n <= 8) return el("td", { class: "kv", text: kv(obj) });
-    const head = Object.fromEntries(Object.entries(obj).slice(0, 8));
-    return el("td", { class: "kv" }, kv(head), el("details", {},
-      el("summary", { text: `${n - 8} more` }),
-      kv(Object.fromEntries(Object.entries(obj).slice(8)))));
-  }
-
-  // ---------------------------------------------------------------- header, stages, plots
+  // ---------------------------------------------------------------- header, notes
   function renderHeader() {
     const info = document.getElementById("run-info");
     info.textContent = `${R.run} · ${R.single_stage ? "single stage dir" : "run ledger"}` +
       (R.ledger_updated ? ` updated ${R.ledger_updated}` : "") + ` · report built ${R.generated}`;
-    if (R.warnings && R.warnings.length) {
-      document.getElementById("warnings").hidden = false;
-      const ul = document.getElementById("warning-list");
-      for (const w of R.warnings) ul.appendChild(el("li", { text: w }));
+  }
+  function renderNotes() {  // one line per kind of note; the individual notes folded
+    const notes = R.notes || (R.warnings || []).map((w) => ({ kind: "other", summary: w,
+      items: [w] }));
+    if (!notes.length) return;
+    document.getElementById("notes").hidden = false;
+    const ul = document.getElementById("note-list");
+    for (const g of notes) {
+      const li = el("li", { class: "note", dataset: { kind: g.kind, count: g.items.length } });
+      if (g.items.length === 1) li.textContent = g.summary;
+      else li.appendChild(el("details", {}, el("summary", { text: g.summary }),
+        el("ul", {}, ...g.items.map((t) => el("li", { text: t })))));
+      ul.appendChild(li);
     }
   }
+
+  // ---------------------------------------------------------------- headline
+  const DECISION_TEXT = { base: "base", kept: "kept", input: "input handed on",
+    bypassed: "bypassed" };
+  function validationScore(v) {
+    if (!v) return "–";
+    let s = pct(v.score);
+    if (v.input_score !== null && v.input_score !== undefined) {
+      s += ` vs ${pct(v.input_score)} (${v.input})`;
+    } else if (v.input) s += ` (input ${v.input}: no score)`;
+    return s;
+  }
+  function decisionCell(v) {
+    if (!v) return el("td", { class: "decision", text: "–" });
+    return el("td", { class: "decision decision-" + v.decision,
+      dataset: { decision: v.decision } },
+      el("b", { text: DECISION_TEXT[v.decision] || String(v.decision) }),
+      v.reason ? el("div", { class: "reason", text: v.reason }) : null);
+  }
+  function wallCell(w) {
+    const parts = [["train", w.train], ["eval", w.eval], ["validation", w.validation]]
+      .filter(([, x]) => x !== null && x !== undefined)
+      .map(([name, x]) => `${name} ${x.toFixed(0)} s`);
+    return el("td", { class: "num", title: parts.join(" + ") || null,
+      text: w.total === null || w.total === undefined ? "–" : w.total.toFixed(0) });
+  }
+  function headlineRow(r, primary, others) {
+    const cells = [td(r.stage), el("td", { class: "status-" + (r.status || "unknown"),
+      title: r.error || null, text: fmt(r.status) })];
+    if (primary) cells.push(td(pct(r.mean_at_k[primary]), "num"),
+      td(pct(r.pass_at_k[primary]), "num"));
+    for (const x of others) cells.push(td(pct(r.mean_at_k[x]), "num"));
+    cells.push(td(validationScore(r.validation), "num"), decisionCell(r.validation),
+      td(fixed(r.ev, 2), "num"), wallCell(r.wall));
+    return el("tr", { dataset: { stage: r.stage } }, ...cells);
+  }
+  function renderHeadline() {
+    const H = R.headline || { suites: [], rows: [] };
+    const k = H.k ?? "k";
+    const [primary, ...others] = H.suites;
+    const vk = (H.rows.find((r) => r.validation && r.validation.k) || {}).validation;
+    const head = ["stage", "status"];
+    if (primary) head.push(`${primary} Mean@${k} (%)`, `${primary} pass@${k} (%)`);
+    for (const x of others) head.push(`${x} Mean@${k} (%)`);
+    head.push(`validation Mean@${vk ? vk.k : "k"} (%) vs input`, "validation decision",
+      "critic EV (eval)", "wall s (train + eval + validation)");
+    document.getElementById("headline-table").appendChild(table(head,
+      H.rows.map((r) => headlineRow(r, primary, others)), { id: "headline-stages" }));
+    const prog = R.plots.find((p) => p.name === "progression");
+    document.getElementById("headline-plot").appendChild(prog ? el("figure", {},
+      el("img", { src: prog.file, alt: "progression" }),
+      el("figcaption", { text: `progression — ${prog.source}` })) :
+      el("p", { text: "No progression plot (one stage, or matplotlib missing)." }));
+  }
+
+  // ---------------------------------------------------------------- stage details, plots
   function evalSummary(ev) {
     const parts = [];
     for (const [suite, e] of Object.entries(ev || {})) {
-      let s = `${suite}: mean@${fmt(e.k)}=${fmt(e.mean_at_k)}`;
-      if (e.pass_at_k) s += " pass@k " + Object.entries(e.pass_at_k)
-        .map(([k, v]) => `@${k}=${fmt(v)}`).join(" ");
-      if (e.process_reward !== undefined) s += ` process=${fmt(e.process_reward)}`;
-      if (e.explained_variance !== undefined) s += ` EV=${fmt(e.explained_variance)}`;
-      if (e.num_tasks !== undefined) s += ` (${fmt(e.num_tasks)} tasks)`;
-      parts.push(s);
+      const p = (x) => (typeof x === "number" ? `${pct(x)} %` : "–");
+      const bits = [`Mean@${fmt(e.k)} ${p(e.mean_at_k)}`];
+      for (const [j, v] of Object.entries(e.pass_at_k || {})) bits.push(`pass@${j} ${p(v)}`);
+      if (e.process_reward !== undefined) bits.push(`process ${p(e.process_reward)}`);
+      if (e.explained_variance !== undefined) bits.push(`EV ${fmt(e.explained_variance, 2)}`);
+      if (e.num_tasks !== undefined) bits.push(`${fmt(e.num_tasks)} tasks`);
+      parts.push(`${suite}: ${bits.join(", ")}`);
     }
     return parts.length ? parts.join("\n") : "–";
+  }
+  function trainCell(obj) {  // every training number of a stage, folded, as a table
+    const n = obj ? Object.keys(obj).length : 0;
+    if (!n) return td("–");
+    const rows = Object.entries(obj).map(([k, v]) => el("tr", {}, td(k), td(num(v), "num")));
+    return el("td", {}, el("details", { class: "train-all" },
+      el("summary", { text: `${n} number${n === 1 ? "" : "s"}` }),
+      table(["key", "value"], rows, { class: "kv-table" })));
+  }
+  function wallsText(w) {
+    return ["train", "eval", "validation"].map((x) => `${x} ${fmt(w[x], 0)}`).join("\n");
   }
   function renderStages() {
     const rows = R.stages.map((s) => el("tr", { dataset: { stage: s.name } },
       td(s.name), td(s.experiment),
       el("td", { class: "status-" + (s.status || "unknown"), text: fmt(s.status) }),
-      td(s.wall_s, null, 1), td(s.started), td(s.finished),
-      kvCell(s.train),
+      el("td", { class: "kv", text: wallsText(s.walls || {}) }), td(s.started), td(s.finished),
       el("td", { class: "kv", text: evalSummary(s.eval) }),
-      el("td", { class: "kv", text: kv(s.inputs) }),
+      el("td", { class: "kv", text: lines(s.inputs) }),
       el("td", { class: "kv bad" }, s.error ? String(s.error) : "",
         s.traceback ? el("details", {}, el("summary", { text: "error.txt" }),
           el("pre", { text: s.traceback })) : null),
       el("td", { class: "kv", text: `${s.tokenizer}\n${s.divisors}\n` +
-        `${(s.shards || []).length} shard(s), ${s.metrics_steps} metric steps` })));
+        `${(s.shards || []).length} shard(s), ${s.metrics_steps} metric steps` }),
+      trainCell(s.train)));
     document.getElementById("stage-table").appendChild(table(
-      ["stage", "experiment", "status", "wall s", "started", "finished", "train", "eval",
-       "inputs", "error", "read"], rows, { id: "stage-ledger" }));
+      ["stage", "experiment", "status", "wall s", "started", "finished", "eval", "inputs",
+       "error", "read", "training numbers (all)"], rows, { id: "stage-ledger" }));
+    renderTrainNumbers();
   }
-  function renderPlots() {
+  function renderTrainNumbers() {  // selected training numbers: one row each, a column a stage
+    const box = document.getElementById("train-table");
+    const keys = R.train_numbers || [];
+    const names = R.stages.map((s) => s.name)
+      .filter((n) => keys.some((k) => n in k.values));
+    if (!keys.length) { box.appendChild(el("p", { text: "No selected training numbers." })); return; }
+    box.appendChild(table(["number", ...names], keys.map((k) => el("tr", {}, td(k.key),
+      ...names.map((n) => td(n in k.values ? num(k.values[n]) : "–", "num")))),
+    { id: "train-numbers" }));
+  }
+  function renderPlots() {  // the progression plot is in the headline
     const box = document.getElementById("plot-list");
-    if (!R.plots.length) box.appendChild(el("p", { text: "No plots (no metrics, no ledger plots)." }));
-    for (const p of R.plots) {
+    const plots = R.plots.filter((p) => p.name !== "progression");
+    if (!plots.length) box.appendChild(el("p", { text: "No other plots." }));
+    for (const p of plots) {
       box.appendChild(el("figure", {}, el("img", { src: p.file, alt: p.name }),
         el("figcaption", { text: `${p.name} — ${p.source}` })));
     }
@@ -380,8 +467,10 @@
       return;
     }
     renderHeader();
-    renderStages();
+    renderHeadline();
+    renderNotes();
     renderPlots();
+    renderStages();
     renderFamilies();
     renderFilters();
     renderList();
