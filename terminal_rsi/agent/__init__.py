@@ -29,6 +29,7 @@ from terminal_rsi.agent.harness import (
     SamplerPolicy,
     SamplingSettings,
     ScriptedPolicy,
+    StreamedPolicy,
     pool_sandbox_factory,
     reference_action,
     run_episode,
@@ -66,7 +67,8 @@ __all__ = [
     "reference_action", "session_keystrokes", "ActionParseError", "Command", "EpisodeCancelled",
     "GenerationOutput", "GenerationRequest", "HarnessConfig", "PackedBatch", "PackingError",
     "Policy", "ReferencePolicy", "SamplerPolicy", "SamplingSettings", "ScriptedPolicy",
-    "Segment", "TerminalReason", "TrainingPolicy", "Trajectory", "TrajectoryFormatError", "Turn",
+    "StreamedPolicy", "Segment", "TerminalReason", "TrainingPolicy", "Trajectory",
+    "TrajectoryFormatError", "Turn",
     "cap_text", "format_observation", "malformed_mask", "pack_trajectories", "parse_action",
     "read_shard", "run_episode", "write_shard",
 ]

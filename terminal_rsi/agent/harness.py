@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.agent.actions import (
@@ -203,7 +204,10 @@ _NULLABLE = ("summarize_threshold", "agent_timeout_s", "max_parse_errors", "veri
 @dataclasses.dataclass
 class GenerationRequest:
     """One row of a policy call. `task`, `turn` and `purpose` ("action" or "summary") are
-    context for scripted policies; model policies use only the token fields."""
+    context for scripted policies; model policies use only the token fields and `stream`:
+    the episode's random stream (None: the policy's running key). A `SamplerPolicy` samples a
+    request with a stream from a key of (its seed, stream, turn, purpose) alone, so the same
+    episode replays the same randomness whatever else is in flight (`StreamedPolicy`)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -211,6 +215,7 @@ class GenerationRequest:
     task: Any = None
     turn: int = 0
     purpose: str = "action"
+    stream: int | None = None
 
 
 @dataclasses.dataclass
@@ -240,6 +245,7 @@ class SamplerPolicy:
         self._params = params
         self.version = version
         self._key = jax.random.key(seed)
+        self._stream_key = jax.random.key(seed)  # requests with a stream: never advanced
         self._lock = threading.Lock()
         self._sample_lock = threading.Lock()  # one sampler call at a time (not thread-safe)
 
@@ -260,6 +266,8 @@ class SamplerPolicy:
             with self._lock:
                 self._key, key = jax.random.split(self._key)
                 params, version = self._params, self.version
+            if any(requests[i].stream is not None for i in idx):
+                key = self._row_keys([requests[i] for i in idx], key)
             with self._sample_lock:
                 res = self.sampler.sample(
                     params, [requests[i].prompt_ids for i in idx], key,
@@ -270,6 +278,39 @@ class SamplerPolicy:
                                            [float(x) for x in np.asarray(o.logprobs)],
                                            o.stop_reason.value, version)
         return outs  # type: ignore[return-value]
+
+    def _row_keys(self, requests: Sequence[GenerationRequest], key) -> jax.Array:
+        """One key per request: from (seed, stream, turn, purpose) where it has a stream,
+        else fold_in(the call's key, row)."""
+        keys = []
+        for i, r in enumerate(requests):
+            if r.stream is None:
+                keys.append(jax.random.fold_in(key, i))
+                continue
+            k = jax.random.fold_in(self._stream_key, int(r.stream))
+            k = jax.random.fold_in(k, int(r.turn))
+            keys.append(jax.random.fold_in(k, int(r.purpose == "summary")))
+        return jnp.stack(keys)
+
+
+class StreamedPolicy:
+    """`policy` with every request tagged with one episode's random stream (`stream`): with
+    a `SamplerPolicy` underneath, the episode's sampling depends only on the policy's seed,
+    the stream and its own tokens (common random numbers: the same actor on the same stream
+    replays the same episode; two actors on it differ only where they differ)."""
+
+    def __init__(self, policy, stream: int):
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.stream = int(stream)
+
+    @property
+    def version(self) -> int:
+        return getattr(self.policy, "version", 0)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        return self.policy.generate([dataclasses.replace(r, stream=self.stream)
+                                     for r in requests])
 
 
 class ScriptedPolicy:

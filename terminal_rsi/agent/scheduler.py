@@ -44,6 +44,7 @@ from terminal_rsi.agent.harness import (
     GenerationOutput,
     GenerationRequest,
     HarnessConfig,
+    StreamedPolicy,
     run_episode,
 )
 from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory
@@ -57,13 +58,17 @@ class SchedulerConfig:
     first B finish and return them (else cancel them). max_batch_wait_s: how long the batching
     loop waits for more prompts after the first. progress: a bar of finished episodes on
     stderr (`terminal_rsi.progress`: rate, ETA, success, mean turns); None: only when stderr is
-    a terminal (or as $TERMINAL_RSI_PROGRESS says), True: always, False: never."""
+    a terminal (or as $TERMINAL_RSI_PROGRESS says), True: always, False: never.
+    episode_streams: episode i of a `collect` samples from random stream i (`StreamedPolicy`):
+    its randomness depends on the policy's seed and i only, not on what else is in flight
+    (evaluation: the same actor scores the same; two actors meet the same streams)."""
 
     concurrency: int = 16
     oversample: float = 0.125
     keep_stragglers: bool = False
     max_batch_wait_s: float = 0.02
     progress: bool | None = None
+    episode_streams: bool = False
 
     def __post_init__(self):
         if self.concurrency < 1:
@@ -204,7 +209,8 @@ class RolloutScheduler:
                 raise EpisodeCancelled("cancelled before start")
             batcher.episode_started()
             try:
-                traj = run_episode(task, batcher, self.sandbox_factory, self.harness,
+                pol = StreamedPolicy(batcher, i) if cfg.episode_streams else batcher
+                traj = run_episode(task, pol, self.sandbox_factory, self.harness,
                                    policy_version=version, cancel=cancel)
                 if self.scorer is not None:
                     self.scorer(traj)

@@ -15,8 +15,8 @@ from terminal_rsi.settings import Section, setting
 @dataclasses.dataclass(frozen=True)
 class EvalTasks(Tasks):
     suites: tuple[str, ...] = setting(("heldout_instances", "heldout_families"),
-                                      "suites to evaluate: heldout_instances, heldout_families "
-                                      "(built-in) or all (a task directory)")
+                                      "suites to evaluate: heldout_instances, heldout_families, "
+                                      "validation (built-in) or all (a task directory)")
     heldout_families: tuple[str, ...] = setting((), "held-out families (empty: all of them)")
 
 

@@ -6,8 +6,9 @@ families, k independent runs each (paper §3.1 "Evaluation protocol": Mean@3).
     python experiments/run.py --config=configs/eval_smollm2.py --workdir=/tmp/ev_smollm2
 
 Suites (built-in tasks): `heldout_instances` (training families, held-out seeds: split
-`test`) and `heldout_families` (families training never sees). A task-directory suite
-(`tasks.suite=/path/to/tasks`) is one suite, `all`.
+`test`) and `heldout_families` (families training never sees); `validation` (training
+families, validation seeds: what the pipeline selects stages on, never a reported result).
+A task-directory suite (`tasks.suite=/path/to/tasks`) is one suite, `all`.
 
 Order of work: the task lists are built and the difficulty strata frozen (loaded from
 `eval.strata_path`, else fitted on the evaluation tasks and written to
@@ -70,7 +71,7 @@ from terminal_rsi.tasks import get_suite, task_sandbox_factory
 
 SUITES = ("heldout_instances", "heldout_families")
 SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
-                "all": "all"}
+                "validation": "validation", "all": "all"}
 
 # the experiment's typed config: every setting, its default and what it allows
 # (terminal_rsi.evaluation.config); `run` receives an instance built from the ConfigDict
@@ -189,7 +190,8 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
                                seed=config.seed * 1000 + si)
         sched = RolloutScheduler(
             policy, harness, task_sandbox_factory(config.tasks),
-            SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True),
+            SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True,
+                            episode_streams=True),
             scorer=scorer)
         launch = [task for _ in range(e.k) for task in tasks]
         res = sched.collect(launch, len(launch), desc=f"eval {suite}")

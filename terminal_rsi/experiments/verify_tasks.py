@@ -33,6 +33,7 @@ from terminal_rsi.tasks.check_tasks import (
     format_error_row,
     load_tasks,
 )
+from terminal_rsi.tasks.registry import SPLITS
 
 REPORT_KEYS = ("valid", "strict_success", "passed", "total", "hygiene_checks", "problems",
                "warnings")
@@ -44,8 +45,8 @@ class CheckedTasks(Sandboxes):
 
     source: str = setting("builtin", "'builtin' or a directory of Terminal-Bench/Harbor task "
                           "dirs")
-    split: str = setting("all", "train | test | heldout_families | all (directories: all)",
-                         choices=("train", "test", "heldout_families", "all"))
+    split: str = setting("all", "train | validation | test | heldout_families | all "
+                         "(directories: all)", choices=SPLITS)
     n_per_family: int = setting(1, "built-in instances per family", lo=1)
     families: tuple[str, ...] = setting((), "built-in families to check (empty: all in the "
                                         "split)")

@@ -3,11 +3,14 @@
     {"format": "terminal_rsi.ledger/1", "run": "<abs run dir>", "updated": "<iso time>",
      "stages": [{"name", "experiment", "status", "dir", "inputs", "outputs", "config_hash",
                  "started", "finished", "wall_s", "train": {...}, "eval": {suite: {...}},
-                 "error"}, ...],          # graph order
+                 "eval_wall_s", "validation": {...}, "error"}, ...],   # graph order
      "plots": {"progression": "plots/progression.png", ...}}
 
 Paths inside are relative to the run dir. Status: pending | running | done | failed.
-Readers must tolerate missing optional keys (a pending or failed stage has no eval).
+Readers must tolerate missing optional keys (a pending or failed stage has no eval; ledgers
+written before model selection have no validation). "validation" is the stage's model
+selection record (`terminal_rsi.pipeline.validation`); "eval_wall_s" the seconds its held-out
+evaluation took ("wall_s" is its training).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from terminal_rsi.atomic import atomic_write_json
 
 FORMAT = "terminal_rsi.ledger/1"
 STATUSES = ("pending", "running", "done", "failed")
+# a stage's model selection decision (terminal_rsi.pipeline.validation)
+DECISIONS = ("base", "kept", "input", "bypassed")
 PLOTS = {"progression": "plots/progression.png",
          "training_curves": "plots/training_curves.png",
          "critic_ev": "plots/critic_ev.png",
@@ -58,7 +63,8 @@ class Ledger:
             e = old.get(name) or {"name": name, "experiment": experiment, "status": "pending",
                                   "dir": name, "inputs": {}, "outputs": {},
                                   "config_hash": None, "started": None, "finished": None,
-                                  "wall_s": None, "train": {}, "eval": {}, "error": None}
+                                  "wall_s": None, "train": {}, "eval": {}, "error": None,
+                                  "validation": {}, "eval_wall_s": None}
             e["experiment"] = experiment
             self.stages.append(e)
         # stages recorded earlier but not part of this run's graph stay in the record
@@ -130,8 +136,12 @@ def validate_ledger(d: Mapping) -> None:
         if s.get("status") not in STATUSES:
             raise LedgerError(f"{where}: status {s.get('status')!r} not in {STATUSES}")
         _need(s, "dir", str, where)
-        for key in ("inputs", "outputs", "train", "eval"):
+        for key in ("inputs", "outputs", "train", "eval", "validation"):
             _need(s, key, dict, where, optional=True)
+        _need(s, "eval_wall_s", (int, float), where, optional=True)
+        if (s.get("validation") or {}).get("decision") not in (None, *DECISIONS):
+            raise LedgerError(f"{where}: validation decision {s['validation']['decision']!r} "
+                              f"not in {DECISIONS}")
         for p in list((s.get("inputs") or {}).values()) + list((s.get("outputs") or {}).values()):
             if not isinstance(p, str) or os.path.isabs(p):
                 raise LedgerError(f"{where}: input/output paths must be relative, got {p!r}")

@@ -279,13 +279,15 @@ def hash_json(obj) -> str:
 
 
 def stage_hash(spec: StageSpec, cfg, run_dir: str, input_hashes: Mapping[str, str],
-               eval_cfg, *, bypass: bool) -> str:
+               eval_cfg, *, bypass: bool, selection: Mapping | None = None) -> str:
     """sha256 of the stage's resolved config with its input paths replaced by
-    "<stage>/export", the hashes of its input stages and the evaluation settings: a change
-    upstream invalidates every stage downstream."""
+    "<stage>/export", the hashes of its input stages, the evaluation settings and the
+    validation (model selection) settings, None when off: a change upstream invalidates
+    every stage downstream."""
     flat = relative_paths(flatten(cfg), run_dir)
     for role, dep in spec.inputs.items():
         flat[f"init.{role}_weights"] = f"{dep}/export"
     return hash_json({"experiment": spec.experiment, "config": flat,
                       "inputs": dict(sorted(input_hashes.items())),
-                      "eval": relative_paths(flatten(eval_cfg), run_dir), "bypass": bypass})
+                      "eval": relative_paths(flatten(eval_cfg), run_dir), "bypass": bypass,
+                      **({"validation": dict(selection)} if selection is not None else {})})

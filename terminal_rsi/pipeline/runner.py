@@ -5,7 +5,7 @@ evaluate every stage, keep the ledger and the plots (docs/pipeline.md).
     pipe.run()                             # config.pipeline.targets, e.g. ("rpr2_spr",)
     pipe.executed                          # stages actually trained by this call
 
-Each stage goes resolve → run → hand off → evaluate:
+Each stage goes resolve → run → hand off → validate → evaluate:
 
 - resolve (`terminal_rsi.pipeline.resolve`): every needed stage config is built (the stage's
   own config file, the pipeline's shared settings, the scale preset, the user's
@@ -15,16 +15,20 @@ Each stage goes resolve → run → hand off → evaluate:
   bypassed stage a copy of its inputs.
 - hand off (`terminal_rsi.pipeline.handoff`): the stage's weights-only exports are checked
   and the pass-through rules applied.
+- validate (`Pipeline.validate_stage`, `terminal_rsi.pipeline.validation`): the stage's actor
+  is scored on the validation split and kept only if it beats its input's; otherwise the
+  input is handed on unchanged. The ledger records the decision and why.
 - evaluate (`Pipeline.evaluate_stage`): k runs per held-out task (`evaluation.evaluate`); a
   critic warm-up is evaluated by its critic's EV on its input stage's episodes
   (`terminal_rsi.pipeline.stage_eval`).
 
 Config hash: sha256 of the resolved stage config with the input paths replaced by
-"<stage>/export" plus the hashes of the input stages, so a change upstream invalidates every
-stage downstream. A stage is reused when the ledger says done with the same hash and its
-exports exist; a stage dir left by a crashed run with the same hash is resumed by the
-experiment itself (rpr_phase resumes from its checkpoints); a stage dir of another hash is
-removed before the stage reruns.
+"<stage>/export" plus the hashes of the input stages and the evaluation and validation
+settings (a validation decision changes what a stage exports), so a change upstream
+invalidates every stage downstream. A stage is reused when the ledger says done with the
+same hash and its exports exist; a stage dir left by a crashed run with the same hash is
+resumed by the experiment itself (rpr_phase resumes from its checkpoints); a stage dir of
+another hash is removed before the stage reruns.
 """
 
 from __future__ import annotations
@@ -67,6 +71,13 @@ from terminal_rsi.pipeline.stage_eval import (
     frozen_divisors,
     frozen_strata,
     train_stats,
+)
+from terminal_rsi.pipeline.validation import (
+    bypassed_record,
+    decide,
+    hand_on_input,
+    has_validation_split,
+    validation_config,
 )
 from terminal_rsi.progress import echo
 
@@ -145,12 +156,27 @@ class Pipeline:
             deps = {role: self.config_hash(dep) for role, dep in spec.inputs.items()}
             self._hashes[name] = stage_hash(spec, self.stage_config(name), self.run_dir, deps,
                                             self.eval_base_config(),
-                                            bypass=name in self.bypass)
+                                            bypass=name in self.bypass,
+                                            selection=self.selection_settings())
         return self._hashes[name]
 
     def eval_base_config(self) -> ml_collections.ConfigDict:
         """`configs/evaluate.py` resolved for this run (`resolve.eval_base_config`)."""
         return eval_base_config(self.config, self.scale, self.shared_settings(), self.run_dir)
+
+    def selection_settings(self) -> dict | None:
+        """The validation settings in force (None: no model selection in this run)."""
+        return self.config.validation.to_dict() if self.validating else None
+
+    @property
+    def validating(self) -> bool:
+        """Model selection on: enabled and the task suite has a validation split."""
+        return bool(self.config.validation.enabled
+                    and has_validation_split(self.eval_base_config().tasks.suite))
+
+    def selects(self, name: str) -> bool:
+        """Stage `name` is scored on validation (model selection on; it has an actor)."""
+        return self.validating and self.graph[name].evaluate == "actor"
 
     def resolve_all(self) -> None:
         """Resolve and validate every needed stage config before any work."""
@@ -188,10 +214,14 @@ class Pipeline:
         e = self.ledger.entry(name)
         if (e["status"] == "done" and e.get("config_hash") == h
                 and exports_ok(self.export_dir(name), self.graph[name].kind)):
-            if not e.get("eval"):
+            if self.selects(name) and not e.get("validation"):  # stopped before its choice
+                self.validate_stage(name)
+                self.evaluate_stage(name)
+            elif not e.get("eval"):
                 self.evaluate_stage(name)
             return
         self.run_stage(name, h)
+        self.validate_stage(name)
         self.evaluate_stage(name)
         self.plot()
         gc.collect()  # the stage's states (GBs for a 135 M model) before the next stage
@@ -220,7 +250,7 @@ class Pipeline:
         sdir = self.prepare_stage_dir(name, h)
         self.ledger.update(
             name, status="running", config_hash=h, started=now_iso(), finished=None,
-            wall_s=None, error=None, eval={}, train={},
+            wall_s=None, error=None, eval={}, train={}, validation={}, eval_wall_s=None,
             inputs={role: f"{dep}/export" for role, dep in spec.inputs.items()},
             outputs={"export": f"{name}/export", "checkpoints": f"{name}/checkpoints"})
         self.log(f"[pipeline] {name}: running {spec.experiment} in {sdir}")
@@ -257,6 +287,38 @@ class Pipeline:
         """Numbers from the stage's `summary.json` and last `metrics.jsonl` line."""
         return train_stats(self.stage_dir(name))
 
+    # ------------------------------------------------------------------ validate
+
+    def validate_stage(self, name: str) -> dict | None:
+        """Score stage `name`'s actor on the validation split and keep it only if it beats
+        its input's (`terminal_rsi.pipeline.validation`); the record goes to the ledger.
+        None (nothing recorded) without model selection or for a stage without an actor."""
+        spec = self.graph[name]
+        if not self.selects(name):
+            return None
+        source = spec.inputs.get("actor")
+        source_record = self.ledger.entry(source).get("validation") if source else None
+        if name in self.bypass:
+            return self.ledger.update(name, validation=bypassed_record(source, source_record))
+        t0 = time.monotonic()
+        v = self.config.validation
+        fn = get_path(self.stage_config(name), "rewards.fn") or "fdr"
+        cfg = validation_config(self.eval_base_config(), v, self.export_dir(name), fn)
+        res = evaluate(build(EvalConfig, cfg), os.path.join(self.stage_dir(name), "validation"),
+                       log=self.log)["validation"]
+        rec = decide(name, float(res["mean_at_k"]), source, source_record, v.min_gain, v.k)
+        if rec["decision"] == "input":
+            rec["rejected"] = os.path.relpath(
+                hand_on_input(spec, self.stage_dir(name), self.export_dir(name),
+                              self.input_exports(name)), self.run_dir)
+        rec.update(metric="mean_at_k", k=v.k, num_tasks=res["num_tasks"],
+                   score=res["mean_at_k"], wall_s=time.monotonic() - t0,
+                   per_family={f: x["success"] for f, x in res["per_family"].items()},
+                   trajectories=f"{name}/validation/{res['trajectories']}")
+        self.log(f"[pipeline] {name}: {rec['reason']}")
+        self.ledger.update(name, validation=rec)
+        return rec
+
     # ------------------------------------------------------------------ evaluate
 
     def evaluate_stage(self, name: str) -> dict:
@@ -289,7 +351,7 @@ class Pipeline:
         for suite in res.values():
             suite["reward_fn"] = fn
         self.evaluated.append(name)
-        self.ledger.update(name, eval=res)
+        self.ledger.update(name, eval=res, eval_wall_s=time.monotonic() - t0)
         self.log(f"[pipeline] {name}: evaluated in {time.monotonic() - t0:.0f}s")
         return res
 

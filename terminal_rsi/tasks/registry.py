@@ -3,8 +3,10 @@
 Suites:
 
 * ``builtin``: the procedural families. Splits: ``train`` (training families, training
-  seeds), ``test`` (training families, held-out seeds), ``heldout_families`` (families
-  training never sees, any seed), ``all`` (every family, every seed).
+  seeds), ``validation`` (training families, validation seeds: model selection between
+  stages, never trained on), ``test`` (training families, held-out seeds),
+  ``heldout_families`` (families training never sees, any seed), ``all`` (every family,
+  every seed). Train, validation and test seeds are disjoint.
 * ``terminal``: the built-in families that need a persistent terminal session
   (`terminal_rsi.tasks.builtin.TERMINAL_FAMILIES`; keystroke solutions, tag "terminal",
   verifier mode "shared"), with the same splits (held-out family:
@@ -26,7 +28,7 @@ from terminal_rsi.tasks import builtin as b
 from terminal_rsi.tasks.harbor import load_task_dirs
 from terminal_rsi.tasks.spec import Task
 
-SPLITS = ("train", "test", "heldout_families", "all")
+SPLITS = ("train", "validation", "test", "heldout_families", "all")
 # the procedural suites: (every family, the families training never sees)
 PROCEDURAL_SUITES = {
     "builtin": (b.FAMILIES, b.HELDOUT_FAMILIES),
@@ -39,7 +41,9 @@ def procedural_split(suite: str, split: str) -> tuple[tuple[str, ...], object]:
     families, heldout = PROCEDURAL_SUITES[suite]
     train = tuple(f for f in families if f not in heldout)
     if split == "train":
-        return train, lambda f, s: not b.heldout_seed(f, s)
+        return train, lambda f, s: not (b.heldout_seed(f, s) or b.validation_seed(f, s))
+    if split == "validation":
+        return train, b.validation_seed
     if split == "test":
         return train, b.heldout_seed
     if split == "heldout_families":

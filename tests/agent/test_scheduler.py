@@ -9,6 +9,7 @@ from terminal_rsi.agent import (
     HarnessConfig,
     ReferencePolicy,
     SamplerPolicy,
+    SamplingSettings,
     ScriptedPolicy,
     TerminalReason,
     pack_trajectories,
@@ -215,3 +216,37 @@ def test_rollouts_over_a_sandbox_pool():
         res = sched.collect(_tasks(2, "env_repair") + _tasks(1), batch_size=3)
         assert res.stats["success_rate"] == 1.0 and len(res.trajectories) == 3, res.errors
         assert pool.stats() == {"local": 0}  # every episode's sandbox went back
+
+
+def _tiny_sampler_policy(seed):
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=1, n_heads=2,
+                      n_kv_heads=1, head_dim=16, d_ff=64, max_seq_len=2048)
+    graphdef, state = nnx.split(DecoderLM(cfg, rngs=nnx.Rngs(0)))
+    sampler = Sampler(graphdef, cfg, decode_block=8, buckets=Buckets(
+        prefill_chunk=256, cache_multiple=1024, batch_multiple=4, power_of_two=False))
+    return SamplerPolicy(sampler, nnx.to_pure_dict(state), TOK, seed=seed)
+
+
+def test_episode_streams_replay_the_same_episodes_whatever_runs_beside_them():
+    """Evaluation's common random numbers: episode i samples from stream i, so the same
+    actor gives the same episodes at any concurrency and batch composition."""
+    h = HarnessConfig(max_turns=2, max_output_tokens=8,
+                      sampling=SamplingSettings(temperature=1.0))
+    tasks = _tasks(2) + _tasks(2, "count_lines")
+
+    def sampled(seed, concurrency, streams=True):
+        sched = RolloutScheduler(_tiny_sampler_policy(seed), h, config=SchedulerConfig(
+            concurrency=concurrency, oversample=0, keep_stragglers=True,
+            max_batch_wait_s=0.5, episode_streams=streams))
+        res = sched.collect(tasks, batch_size=len(tasks))
+        got = {t.meta["launch_index"]: [tuple(x.sampled_ids) for x in t.turns]
+               for t in res.trajectories + res.stragglers}
+        assert len(got) == len(tasks), res.errors
+        return [got[i] for i in range(len(tasks))]
+
+    one_by_one, batched = sampled(3, 1), sampled(3, 4)
+    assert one_by_one == batched
+    assert len({ep[0] for ep in batched}) > 1  # streams differ between episodes
+    assert sampled(4, 4) != batched  # and with the policy's seed
+    # without streams a batch shares one key per call: one at a time differs from batched
+    assert sampled(3, 1, streams=False) != sampled(3, 4, streams=False)

@@ -1,5 +1,7 @@
 """Shared pieces of the pipeline tests."""
 
+import os
+
 from configs.rpr2_spr import get_config
 from terminal_rsi.configuration import validate_config
 from terminal_rsi.pipeline.config import SCHEMA, resolved
@@ -15,3 +17,10 @@ def small_config(**fields):
     c.pipeline.targets = ("rpr1_fdr",)
     validate_config(c, SCHEMA)
     return resolved(c)
+
+
+def trained_export(run_dir: str, stage: str) -> str:
+    """The export dir holding what `stage` trained: `<stage>/rejected` when model selection
+    handed its inputs on instead, else `<stage>/export`."""
+    rejected = os.path.join(run_dir, stage, "rejected")
+    return rejected if os.path.isdir(rejected) else os.path.join(run_dir, stage, "export")

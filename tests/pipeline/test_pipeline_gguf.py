@@ -16,7 +16,7 @@ from terminal_rsi.agent.harness import DEFAULT_SYSTEM_PROMPT
 from terminal_rsi.models import loading, source, weights
 from terminal_rsi.pipeline.handoff import restore_export, same_params
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError
-from tests.pipeline.helpers import small_config
+from tests.pipeline.helpers import small_config, trained_export
 
 pytestmark = pytest.mark.xdist_group("pipeline_gguf")
 STAGES = ["base", "rsr1", "warmup_critic", "rpr1_fdr"]
@@ -70,7 +70,7 @@ def test_every_stage_and_the_evaluation_use_the_gguf(run):
     assert same_params(restore_export(base, "critic"),
                         restore_export(os.path.join(d, "rsr1", "export"), "critic"))
     a = restore_export(os.path.join(d, "rsr1", "export"), "actor")
-    b = restore_export(os.path.join(d, "rpr1_fdr", "export"), "actor")
+    b = restore_export(trained_export(d, "rpr1_fdr"), "actor")
     assert not same_params(a, b)  # RPR-1 trained the actor
     with open(os.path.join(d, "ledger.json")) as f:
         ledger = json.load(f)

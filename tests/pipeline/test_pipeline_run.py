@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from terminal_rsi.pipeline import validate_ledger
+from terminal_rsi.pipeline.graph import STAGES
 from terminal_rsi.pipeline.handoff import restore_export, same_params
 from terminal_rsi.pipeline.runner import Pipeline, StageFailed
-from tests.pipeline.helpers import small_config
+from tests.pipeline.helpers import small_config, trained_export
 
 # module/session-scoped fixtures are expensive: keep these tests on one xdist worker
 pytestmark = pytest.mark.xdist_group("pipeline_run")
@@ -62,11 +63,35 @@ def test_prerequisites_ran_in_order_and_were_evaluated(run):
 def test_handoffs_are_weights_only_and_rsr_keeps_the_critic(run):
     d = run[0]
     assert same_params(restore_export(os.path.join(d, "base", "export"), "critic"),
-                        restore_export(os.path.join(d, "rsr1", "export"), "critic"))
+                       restore_export(os.path.join(d, "rsr1", "export"), "critic"))
+    assert same_params(restore_export(os.path.join(d, "base", "export"), "critic"),
+                       restore_export(trained_export(d, "rsr1"), "critic"))
     a = restore_export(os.path.join(d, "rsr1", "export"), "actor")
-    b = restore_export(os.path.join(d, "rpr1_fdr", "export"), "actor")
+    b = restore_export(trained_export(d, "rpr1_fdr"), "actor")
     assert not same_params(a, b)  # RPR-1 trained the actor (one joint step)
     assert sorted(os.listdir(os.path.join(d, "rpr1_fdr", "export"))) == ["actor", "critic"]
+
+
+def test_every_actor_stage_has_its_validation_decision(run):
+    d, _, _, ledger = run
+    by = {s["name"]: s for s in ledger["stages"]}
+    assert "validation" not in by["warmup_critic"] or not by["warmup_critic"]["validation"]
+    assert by["base"]["validation"]["decision"] == "base"
+    for name in ("rsr1", "rpr1_fdr"):
+        v, src = by[name]["validation"], STAGES[name].inputs["actor"]
+        prev = by[src]["validation"]
+        assert v["input"] == src and v["input_score"] == prev["chosen_score"]
+        assert v["k"] == 3 and v["num_tasks"] >= 1 and v["reason"]
+        assert os.path.exists(os.path.join(d, v["trajectories"]))
+        assert v["decision"] == ("kept" if v["score"] > prev["chosen_score"] else "input")
+        for role, dep in STAGES[name].inputs.items():
+            same = same_params(restore_export(os.path.join(d, name, "export"), role),
+                               restore_export(os.path.join(d, dep, "export"), role))
+            if v["decision"] == "input":  # the inputs, unchanged; the trained ones kept
+                assert same and os.path.isdir(os.path.join(d, v["rejected"], role))
+                assert v["chosen"] == prev["chosen"]
+            elif role == "actor":
+                assert not same and v["chosen"] == name
 
 
 def test_second_run_recomputes_nothing(run):

@@ -6,7 +6,9 @@
 Splits (see `terminal_rsi.tasks.registry.get_suite`):
 
 * instance seeds: a seed is held out if `heldout_seed(family, seed)` (a hash, about 20%
-  of seeds); training draws only the other seeds;
+  of seeds); of the others, `validation_seed(family, seed)` (another hash, about 10% of
+  them) reserves the validation instances model selection scores stages on; training
+  draws only the rest;
 * families: `HELDOUT_FAMILIES` never appear in training splits.
 
 `TERMINAL_FAMILIES` (`terminal_families`) need a persistent terminal session: their
@@ -33,6 +35,7 @@ TERMINAL_FAMILIES: dict[str, Family] = {f.name: f for f in _TERMINAL}
 TERMINAL_HELDOUT_FAMILIES: tuple[str, ...] = ("interrupt_and_redo",)
 _ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **TERMINAL_FAMILIES}
 HELDOUT_SEED_PERCENT = 20
+VALIDATION_SEED_PERCENT = 10
 VERIFIER_TIMEOUT_S = 60.0
 
 
@@ -40,6 +43,15 @@ def heldout_seed(family: str, seed: int) -> bool:
     """True for the ~20% of instance seeds reserved for held-out evaluation."""
     h = hashlib.sha256(f"{family}:{int(seed)}".encode()).digest()
     return int.from_bytes(h[:4], "big") % 100 < HELDOUT_SEED_PERCENT
+
+
+def validation_seed(family: str, seed: int) -> bool:
+    """True for the ~10% of the non-held-out seeds reserved for validation (model selection
+    between stages): disjoint from the held-out seeds and from the training seeds."""
+    if heldout_seed(family, seed):
+        return False
+    h = hashlib.sha256(f"validation:{family}:{int(seed)}".encode()).digest()
+    return int.from_bytes(h[:4], "big") % 100 < VALIDATION_SEED_PERCENT
 
 
 def _family(family: str) -> Family:
@@ -145,4 +157,4 @@ __all__ = ["FAMILIES", "HELDOUT_FAMILIES", "TERMINAL_FAMILIES", "TERMINAL_HELDOU
            "TERMINAL_TAG",
            "TRAIN_FAMILIES", "EmptySnapshot", "Family",
            "Instance", "heldout_seed", "hidden_values", "instance", "make_task", "no_run",
-           "partial_solution"]
+           "partial_solution", "validation_seed"]

@@ -1,0 +1,120 @@
+"""Model selection between stages on validation data (issue 28): no stage may quietly make the
+agent worse.
+
+Every stage that trains an actor is scored, after it finishes and before its held-out
+evaluation, on the `validation` split: instances of the training families whose seeds are
+disjoint from the training seeds and from the held-out test seeds (`tasks.builtin.
+validation_seed`), fixed before any evaluation. The score is strict-success Mean@k
+(`validation.k` runs of `validation.n_per_family` instances per family, the evaluation
+harness and temperature, the run's seed: every stage is scored on the same episodes' random
+streams). The stage keeps its actor only if that score beats the score of the actor it was
+handed by more than `validation.min_gain`; otherwise its input is handed on unchanged (every
+role: actor and critic), the trained export is kept at `<stage>/rejected/`, and the ledger
+says so:
+
+    ledger stage "validation": {"metric": "mean_at_k", "k", "num_tasks", "score",
+        "input", "input_score", "decision": one of ledger.DECISIONS (base, kept, input,
+        bypassed),
+        "chosen": <stage whose trained actor is exported>, "chosen_score", "reason",
+        "per_family": {family: success}, "wall_s", "trajectories"}
+
+This is model selection on validation data; the held-out suites are never looked at. The
+base stage is scored too (its score is what RSR-1 must beat). A critic warm-up trains no
+actor and is not scored; a bypassed stage carries its input's record.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+
+import ml_collections
+
+from terminal_rsi.pipeline.graph import StageSpec
+from terminal_rsi.pipeline.handoff import copy_inputs, export_roles
+from terminal_rsi.pipeline.resolve import set_path
+from terminal_rsi.tasks.registry import PROCEDURAL_SUITES
+
+SUITE = "validation"
+
+
+def has_validation_split(suite: str) -> bool:
+    """Only the procedural suites have validation seeds (a task directory is one split)."""
+    return suite in PROCEDURAL_SUITES
+
+
+def validation_config(eval_base: ml_collections.ConfigDict, validation, actor_export: str,
+                      reward_fn: str) -> ml_collections.ConfigDict:
+    """The evaluation config that scores `actor_export` on the validation split: the run's
+    evaluation settings with the validation suite, size and k (its own strata: the run's
+    frozen strata hold only the held-out tasks)."""
+    cfg = ml_collections.ConfigDict(eval_base.to_dict())
+    for path, value in {"tasks.suites": (SUITE,), "tasks.n_per_family": validation.n_per_family,
+                        "eval.k": validation.k, "eval.strata_path": None,
+                        "eval.reward_fn": reward_fn, "init.actor_weights": actor_export,
+                        "init.critic_weights": None}.items():
+        set_path(cfg, path, value)
+    return cfg
+
+
+def decide(name: str, score: float, source: str | None, source_record: Mapping | None,
+           min_gain: float, k: int) -> dict:
+    """The selection rule (module doc) for stage `name` whose actor scored `score`, handed
+    the actor of stage `source` (None: the base) whose record is `source_record`."""
+    metric = f"validation Mean@{k}"
+    if source is None:
+        return {"decision": "base", "chosen": name, "chosen_score": score, "input": None,
+                "input_score": None, "reason": f"the base: {metric} {score:.3f}"}
+    prev = (source_record or {}).get("chosen_score")
+    if prev is None:
+        return {"decision": "kept", "chosen": name, "chosen_score": score, "input": source,
+                "input_score": None,
+                "reason": f"its input {source} has no validation score; kept"}
+    chosen_before = source_record.get("chosen", source)
+    if score > prev + min_gain:
+        return {"decision": "kept", "chosen": name, "chosen_score": score, "input": source,
+                "input_score": prev,
+                "reason": f"{metric} {score:.3f} beats its input {source} ({prev:.3f})"
+                          + (f" by more than {min_gain}" if min_gain else "")}
+    return {"decision": "input", "chosen": chosen_before, "chosen_score": prev,
+            "input": source, "input_score": prev,
+            "reason": f"{metric} {score:.3f} does not beat its input {source} ({prev:.3f}"
+                      + (f" + {min_gain}" if min_gain else "")
+                      + f"); {_actor_of(source, chosen_before)} handed on unchanged"}
+
+
+def _actor_of(source: str, trained_by: str) -> str:
+    return (f"{source}'s actor" if trained_by == source
+            else f"{source}'s actor (trained by {trained_by})")
+
+
+def bypassed_record(source: str, source_record: Mapping | None) -> dict:
+    """A bypassed stage exports its input: the input's score and choice."""
+    rec = dict(source_record or {})
+    return {**{k: rec.get(k) for k in ("chosen", "chosen_score", "k", "num_tasks")},
+            "decision": "bypassed", "input": source, "input_score": rec.get("chosen_score"),
+            "score": rec.get("chosen_score"),
+            "reason": f"bypassed: exports its input {source}"}
+
+
+def hand_on_input(spec: StageSpec, stage_dir: str, export_dir: str,
+                  input_exports: Mapping[str, str]) -> str:
+    """Replace the stage's exports by its inputs' (each role), keeping the trained ones at
+    `<stage_dir>/rejected/<role>`; returns that directory. Each role is swapped by renames
+    after its copy is complete, so an interruption leaves either export whole."""
+    rejected = os.path.join(stage_dir, "rejected")
+    os.makedirs(rejected, exist_ok=True)
+    staging = os.path.join(stage_dir, "rejected.incoming")
+    if os.path.isdir(staging):
+        shutil.rmtree(staging)
+    copy_inputs(spec, staging, input_exports)
+    for role in export_roles(spec.kind):
+        src, keep = os.path.join(export_dir, role), os.path.join(rejected, role)
+        if os.path.isdir(keep):
+            shutil.rmtree(keep)
+        if os.path.isdir(src):
+            os.replace(src, keep)
+        os.replace(os.path.join(staging, role), src)
+    shutil.rmtree(staging)
+    return rejected

@@ -1,0 +1,132 @@
+"""Model selection between stages (terminal_rsi.pipeline.validation): the validation split is
+disjoint from training and held-out seeds, the selection rule, and the hand-on of a stage's
+inputs when its actor does not beat them."""
+
+import os
+
+import pytest
+
+from terminal_rsi.pipeline.graph import STAGES
+from terminal_rsi.pipeline.ledger import DECISIONS, LedgerError, validate_ledger
+from terminal_rsi.pipeline.validation import (
+    bypassed_record,
+    decide,
+    hand_on_input,
+    has_validation_split,
+)
+from terminal_rsi.tasks import get_suite
+from terminal_rsi.tasks.builtin import heldout_seed, validation_seed
+from terminal_rsi.tasks.registry import PROCEDURAL_SUITES
+
+
+def _ids(tasks):
+    return {(t.family, t.seed) for t in tasks}
+
+
+@pytest.mark.parametrize("suite", sorted(PROCEDURAL_SUITES))
+def test_validation_split_is_disjoint_from_training_and_held_out_seeds(suite):
+    val = list(get_suite(suite, "validation", n_per_family=3))
+    train = list(get_suite(suite, "train", n_per_family=40))
+    test = list(get_suite(suite, "test", n_per_family=8))
+    assert val and not _ids(val) & _ids(train) and not _ids(val) & _ids(test)
+    assert {t.family for t in val} == {t.family for t in train}  # the training families
+    assert all(validation_seed(t.family, t.seed) and not heldout_seed(t.family, t.seed)
+               for t in val)
+    # the same instances every time (fixed before any evaluation)
+    assert [t.id for t in get_suite(suite, "validation", n_per_family=3)] == [t.id for t in val]
+
+
+def test_validation_seeds_are_about_a_tenth_of_the_non_held_out_seeds():
+    seeds = [s for s in range(4000) if not heldout_seed("sort_uniq", s)]
+    frac = sum(validation_seed("sort_uniq", s) for s in seeds) / len(seeds)
+    assert 0.07 < frac < 0.13
+    assert not any(validation_seed("sort_uniq", s) for s in range(4000)
+                   if heldout_seed("sort_uniq", s))
+
+
+def test_only_procedural_suites_have_a_validation_split(tmp_path):
+    assert has_validation_split("builtin") and has_validation_split("terminal")
+    assert not has_validation_split(str(tmp_path))
+
+
+def test_the_base_is_scored_and_chosen():
+    rec = decide("base", 0.4, None, None, 0.0, 3)
+    assert rec["decision"] == "base" and rec["chosen"] == "base" and rec["chosen_score"] == 0.4
+
+
+def test_a_stage_is_kept_only_if_it_beats_its_input():
+    base = decide("base", 0.4, None, None, 0.0, 3)
+    up = decide("rsr1", 0.5, "base", base, 0.0, 3)
+    assert up["decision"] == "kept" and up["chosen"] == "rsr1" and up["input_score"] == 0.4
+    for score in (0.4, 0.3):  # a tie is not a gain: the input goes on
+        rec = decide("rsr1", score, "base", base, 0.0, 3)
+        assert rec["decision"] == "input" and rec["chosen"] == "base"
+        assert rec["chosen_score"] == 0.4 and "handed on unchanged" in rec["reason"]
+        assert f"{score:.3f}" in rec["reason"] and "0.400" in rec["reason"]
+    assert decide("rsr1", 0.45, "base", base, 0.1, 3)["decision"] == "input"  # min_gain
+    assert decide("rsr1", 0.55, "base", base, 0.1, 3)["decision"] == "kept"
+
+
+def test_a_chain_of_rejections_hands_on_the_last_chosen_actor():
+    base = decide("base", 0.4, None, None, 0.0, 3)
+    rsr1 = decide("rsr1", 0.3, "base", base, 0.0, 3)
+    rpr1 = decide("rpr1_fdr", 0.4, "rsr1", rsr1, 0.0, 3)  # compared with base's 0.4, not 0.3
+    assert rpr1["decision"] == "input" and rpr1["chosen"] == "base"
+    rsr2 = decide("rsr2", 0.45, "rpr1_fdr", rpr1, 0.0, 3)
+    assert rsr2["decision"] == "kept" and rsr2["input_score"] == 0.4
+
+
+def test_an_input_without_a_score_keeps_the_stage():
+    rec = decide("rsr1", 0.1, "base", {}, 0.0, 3)
+    assert rec["decision"] == "kept" and "no validation score" in rec["reason"]
+
+
+def test_a_bypassed_stage_carries_its_inputs_choice():
+    rsr1 = {**decide("rsr1", 0.3, "base", decide("base", 0.4, None, None, 0.0, 3), 0.0, 3),
+            "k": 3, "num_tasks": 30}
+    rec = bypassed_record("rsr1", rsr1)
+    assert rec["decision"] == "bypassed" and rec["chosen"] == "base"
+    assert rec["score"] == rec["input_score"] == 0.4 and rec["k"] == 3
+
+
+def _export(root, stage, roles, tag):
+    for role in roles:
+        d = os.path.join(root, stage, "export", role)
+        os.makedirs(d)
+        with open(os.path.join(d, "w"), "w") as f:
+            f.write(f"{stage}-{role}-{tag}")
+
+
+def _read(path):
+    with open(os.path.join(path, "w")) as f:
+        return f.read()
+
+
+def test_hand_on_input_exports_every_input_role_and_keeps_the_trained_ones(tmp_path):
+    root = str(tmp_path)
+    spec = STAGES["rpr1_fdr"]  # actor from rsr1, critic from warmup_critic
+    _export(root, "rsr1", ("actor", "critic"), "in")
+    _export(root, "warmup_critic", ("critic",), "in")
+    _export(root, "rpr1_fdr", ("actor", "critic"), "trained")
+    inputs = {role: os.path.join(root, dep, "export") for role, dep in spec.inputs.items()}
+    out = os.path.join(root, "rpr1_fdr", "export")
+    rejected = hand_on_input(spec, os.path.join(root, "rpr1_fdr"), out, inputs)
+    assert _read(os.path.join(out, "actor")) == "rsr1-actor-in"
+    assert _read(os.path.join(out, "critic")) == "warmup_critic-critic-in"
+    assert _read(os.path.join(rejected, "actor")) == "rpr1_fdr-actor-trained"
+    assert _read(os.path.join(rejected, "critic")) == "rpr1_fdr-critic-trained"
+    assert sorted(os.listdir(os.path.join(root, "rpr1_fdr"))) == ["export", "rejected"]
+    # again (a resumed run): the inputs stay exported, nothing is left half-copied
+    hand_on_input(spec, os.path.join(root, "rpr1_fdr"), out, inputs)
+    assert _read(os.path.join(out, "actor")) == "rsr1-actor-in"
+
+
+def test_the_ledger_checks_the_decision():
+    led = {"format": "terminal_rsi.ledger/1", "run": "/r", "updated": "t",
+           "stages": [{"name": "rsr1", "experiment": "rsr", "status": "done", "dir": "rsr1",
+                       "validation": {"decision": "kept"}, "eval_wall_s": 3.0}]}
+    validate_ledger(led)
+    assert set(DECISIONS) == {"base", "kept", "input", "bypassed"}
+    led["stages"][0]["validation"]["decision"] = "maybe"
+    with pytest.raises(LedgerError, match="validation decision"):
+        validate_ledger(led)
