@@ -92,6 +92,28 @@ class Ledger:
         atomic_write_json(self.path, _clean(d))
 
 
+def eval_k(stages: Sequence[Mapping]) -> int | None:
+    """The evaluation's k: the first eval suite record of `stages` (ledger entries) that
+    gives one."""
+    return next((ev["k"] for st in stages for ev in (st.get("eval") or {}).values()
+                 if isinstance(ev, Mapping) and isinstance(ev.get("k"), int)
+                 and not isinstance(ev.get("k"), bool)), None)
+
+
+def stage_walls(stage: Mapping) -> dict:
+    """Seconds of a ledger entry's training (`wall_s`), held-out evaluation (`eval_wall_s`)
+    and validation (`validation.wall_s`), and their total (None where none is recorded)."""
+    val = stage.get("validation") if isinstance(stage.get("validation"), Mapping) else {}
+    out = {"train": _seconds(stage.get("wall_s")), "eval": _seconds(stage.get("eval_wall_s")),
+           "validation": _seconds(val.get("wall_s"))}
+    parts = [x for x in out.values() if x is not None]
+    return {**out, "total": sum(parts) if parts else None}
+
+
+def _seconds(x) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
 def _clean(x):
     """NaN/inf -> None (the ledger is strict JSON)."""
     if isinstance(x, float):

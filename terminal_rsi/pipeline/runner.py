@@ -33,6 +33,7 @@ another hash is removed before the stage reruns.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -168,9 +169,10 @@ class Pipeline:
         """The validation settings in force (None: no model selection in this run)."""
         return self.config.validation.to_dict() if self.validating else None
 
-    @property
+    @functools.cached_property
     def validating(self) -> bool:
-        """Model selection on: enabled and the task suite has a validation split."""
+        """Model selection on: enabled and the task suite has a validation split (read once:
+        the config does not change during a run)."""
         return bool(self.config.validation.enabled
                     and has_validation_split(self.eval_base_config().tasks.suite))
 
@@ -299,7 +301,9 @@ class Pipeline:
         source = spec.inputs.get("actor")
         source_record = self.ledger.entry(source).get("validation") if source else None
         if name in self.bypass:
-            return self.ledger.update(name, validation=bypassed_record(source, source_record))
+            rec = bypassed_record(source, source_record)
+            self.ledger.update(name, validation=rec)
+            return rec
         t0 = time.monotonic()
         v = self.config.validation
         fn = get_path(self.stage_config(name), "rewards.fn") or "fdr"

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from terminal_rsi.pipeline.ledger import eval_k, stage_walls
+
 SUITES = ("heldout_instances", "heldout_families")
 LETTERS = {"base": "B", "kept": "K", "input": "I", "bypassed": "P"}
 LEGEND = ("validation letters: B base, K kept (its trained actor), I input handed on (trained "
@@ -92,19 +94,15 @@ def process_reward(e: dict | None, suite: str) -> float | None:
     return suite_eval(e, suite).get("process_reward")
 
 
-def eval_k(ledgers: Sequence[dict], default: int = 3) -> int:
-    """The evaluation's k (the first suite record that gives one)."""
-    return next((ev["k"] for led in ledgers for s in led.get("stages", [])
-                 for ev in (s.get("eval") or {}).values()
-                 if isinstance(ev, dict) and ev.get("k")), default)
+def run_eval_k(ledgers: Sequence[dict], default: int = 3) -> int:
+    """The evaluation's k over every run (`ledger.eval_k`; `default` where none records one)."""
+    k = eval_k([st for led in ledgers for st in led.get("stages", [])])
+    return default if k is None else k
 
 
 def total_wall(e: dict | None) -> float | None:
     """Training + held-out evaluation + validation seconds, whichever are recorded."""
-    e = e or {}
-    parts = [e.get("wall_s"), e.get("eval_wall_s"), (e.get("validation") or {}).get("wall_s")]
-    parts = [p for p in parts if isinstance(p, int | float)]
-    return float(sum(parts)) if parts else None
+    return stage_walls(e or {})["total"]
 
 
 def decision(e: dict | None) -> str | None:
@@ -171,7 +169,7 @@ def stage_table(ledgers: Sequence[dict] | Mapping[str, dict],
                 suites: Sequence[str] = SUITES) -> str:
     """Block 1 (module doc): one row per stage, mean ± sd (min–max) over the runs."""
     runs = list(as_runs(ledgers).values())
-    k = eval_k(runs)
+    k = run_eval_k(runs)
     head = ["stage", "runs"]
     for suite in suites:
         head += [f"{suite} Mean@{k} (%)", f"{suite} pass@{k} (%)"]
@@ -188,7 +186,7 @@ def seed_table(ledgers: Sequence[dict] | Mapping[str, dict],
                suite: str = SUITES[0]) -> str:
     """Block 2 (module doc): `suite` Mean@k per run, one column per run."""
     runs = as_runs(ledgers)
-    k = eval_k(list(runs.values()))
+    k = run_eval_k(list(runs.values()))
     head = ["stage", *runs, "mean ± sd (min–max)", "validation (" + " ".join(runs) + ")"]
     lines = [f"{suite} Mean@{k} (%) per run", _row(head), "|" + "---|" * len(head)]
     for name in stage_names(list(runs.values())):
@@ -227,7 +225,7 @@ def gain_line(runs: Mapping[str, dict], suite: str = SUITES[0]) -> str:
     ds = [100 * d for _, _, d in gains.values()]
     sd = f" ± {np.std(ds, ddof=1):.1f}" if len(ds) > 1 else ""
     held = sum(d >= 0 for d in ds)
-    k = eval_k(list(runs.values()))
+    k = run_eval_k(list(runs.values()))
     return (f"gain {common[0]}→{common[1]} ({suite} Mean@{k}, points): {per}; "
             f"mean {np.mean(ds):+.1f}{sd}; {held}/{len(ds)} chains ended at or above their base")
 

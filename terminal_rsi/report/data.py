@@ -29,6 +29,7 @@ import numpy as np
 from terminal_rsi.agent.harness import safe_decode
 from terminal_rsi.models import loading
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
+from terminal_rsi.pipeline.ledger import eval_k, stage_walls
 from terminal_rsi.rewards.ctrf import ReportError, VerificationReport
 from terminal_rsi.rewards.divisors import DivisorError, FamilyDivisors
 from terminal_rsi.rewards.functions import fdr, spr
@@ -411,27 +412,11 @@ def suite_order(stages: Sequence[dict]) -> list[str]:
     return [x for x in HEADLINE_SUITES if x in found] + sorted(found - set(HEADLINE_SUITES))
 
 
-def eval_k(stages: Sequence[dict]) -> int | None:
-    """The evaluation's k (the first suite record that gives one)."""
-    return next((ev["k"] for s in stages for ev in (s.get("eval") or {}).values()
-                 if isinstance(ev, dict) and isinstance(ev.get("k"), int)), None)
-
-
 def critic_ev(evals: dict, suites: Sequence[str]) -> float | None:
     """The stage critic's explained variance on evaluation episodes (first suite giving one)."""
     return next((_number(evals[x].get("explained_variance")) for x in suites
                  if x in evals and _number(evals[x].get("explained_variance")) is not None),
                 None)
-
-
-def stage_walls(stage: dict) -> dict:
-    """Seconds of training (`wall_s`), held-out evaluation (`eval_wall_s`) and validation
-    (`validation.wall_s`), and their total (None where none is recorded)."""
-    val = stage.get("validation") if isinstance(stage.get("validation"), dict) else {}
-    out = {"train": _number(stage.get("wall_s")), "eval": _number(stage.get("eval_wall_s")),
-           "validation": _number(val.get("wall_s"))}
-    parts = [x for x in out.values() if x is not None]
-    return {**out, "total": sum(parts) if parts else None}
 
 
 def validation_view(stage: dict) -> dict | None:
