@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +36,9 @@ import jax.numpy as jnp
 from terminal_rsi.train_state import TrainState
 
 ROLES = ("actor", "critic")
+# a training stage's candidate exports for model selection: <workdir>/candidates/step_<n>/<role>
+CANDIDATES = "candidates"
+_CANDIDATE = re.compile(r"step_(\d+)")
 
 
 class CheckpointError(RuntimeError):
@@ -203,3 +208,52 @@ def import_weights(directory: str | os.PathLike, role: str, target: Any) -> Any:
             return ckptr.restore(path, _abstract(target))
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{role} weights at {path} do not fit the target: {e}") from e
+
+
+# ---------------------------------------------------------------- candidates
+
+def candidate_steps(first: int, last: int, count: int) -> tuple[int, ...]:
+    """The steps after which a stage exports a candidate for model selection
+    (`sections.Candidates`): `count` - 1 evenly spaced steps strictly between `first` (the
+    last step that leaves the actor as it came in, e.g. the critic-only steps) and `last`
+    (the final export, itself the last candidate). Fewer when the span is short."""
+    span = last - first
+    steps = {first + round(i * span / count) for i in range(1, max(int(count), 1))}
+    return tuple(sorted(s for s in steps if first < s < last))
+
+
+def export_candidate(workdir: str, step: int, params: Mapping[str, Any]) -> str:
+    """Write the weights of each role in `params` (role -> params) as the candidate of `step`:
+    `<workdir>/candidates/step_<step>/<role>`, complete or absent (written beside it, then
+    renamed). Returns the directory."""
+    root = os.path.join(workdir, CANDIDATES)
+    final, tmp = os.path.join(root, f"step_{step}"), os.path.join(root, f".step_{step}.tmp")
+    for d in (tmp, final):
+        if os.path.isdir(d):
+            shutil.rmtree(d)
+    for role, p in params.items():
+        export_weights(tmp, role, p)
+    os.replace(tmp, final)
+    return final
+
+
+def candidate_exports(workdir: str) -> list[tuple[int, str]]:
+    """(step, directory) of the complete candidates a stage wrote, by step."""
+    root = os.path.join(workdir, CANDIDATES)
+    if not os.path.isdir(root):
+        return []
+    found = [(int(m.group(1)), os.path.join(root, n)) for n in os.listdir(root)
+             if (m := _CANDIDATE.fullmatch(n))]
+    return sorted(found)
+
+
+def prune_candidates(workdir: str, after: int = -1) -> None:
+    """Remove the candidates of steps > `after` and unfinished ones (a resumed stage writes
+    them again; -1: all)."""
+    root = os.path.join(workdir, CANDIDATES)
+    if not os.path.isdir(root):
+        return
+    for n in os.listdir(root):
+        m = _CANDIDATE.fullmatch(n)
+        if m is None or int(m.group(1)) > after:
+            shutil.rmtree(os.path.join(root, n))

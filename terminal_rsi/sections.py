@@ -226,6 +226,18 @@ class Distributed(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class Candidates(Section):
+    """Actors a training stage exports for model selection on validation data
+    (`terminal_rsi.pipeline.validation`; the pipeline sets `count` from `validation.
+    candidates`): the final export and `count` - 1 earlier ones, evenly spaced over the
+    steps that train the actor, at `<workdir>/candidates/step_<n>/` (`checkpoint.
+    candidate_steps`)."""
+
+    count: int = setting(1, "actors the stage offers for model selection: the final export "
+                         "and count - 1 evenly spaced earlier ones (1: the final only)", lo=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class Seeded(Section):
     """Base of every experiment's typed config: the global seed."""
 

@@ -84,13 +84,18 @@ class PipelineEval(Section):
 class PipelineValidation(Section):
     """Model selection between stages (`terminal_rsi.pipeline.validation`): every stage's
     actor is scored on validation instances (training families, seeds disjoint from the
-    training and the held-out test instances) and kept only if it beats its input's."""
+    training and the held-out test instances) and kept only if it beats its input's; an RSR
+    or RPR stage offers several actors from its training (`candidates`), the best of which
+    is its actor."""
 
     enabled: bool = setting(True, "score each stage's actor on the validation split and hand "
                             "the input on unchanged when it does not beat it (built-in "
                             "suites; a task directory has no validation split)")
     n_per_family: int = setting(3, "validation instances per training family", lo=1)
     k: int = setting(3, "runs per validation task (Mean@k decides)", lo=1)
+    candidates: int = setting(3, "actors scored per RSR and RPR stage: its final export and "
+                              "candidates - 1 evenly spaced earlier ones (the stage's "
+                              "candidates.count); the best is the stage's", lo=1)
     min_gain: float = setting(0.0, "a stage's actor is kept only if its validation Mean@k "
                               "exceeds its input's by more than this", lo=0.0, hi=1.0)
 

@@ -207,13 +207,16 @@ def shared_settings(config, scale: Mapping, divisors_path: str) -> dict:
 
 
 def graph_rules(spec: StageSpec, pipeline, export_dir: Callable[[str], str],
-                rpr1_learning_rate: float | None = None) -> dict:
+                rpr1_learning_rate: float | None = None, candidates: int = 1) -> dict:
     """The settings the graph imposes on stage `spec`: its overrides (mode, reward), its input
-    exports, and for RPR phases the critic-only steps and (after RPR-1) the actor rate
-    RPR-1's / `pipeline.rpr2_lr_divisor`."""
+    exports, the actors an RSR or RPR stage offers for model selection (`candidates`:
+    `validation.candidates` when model selection is on, else 1), and for RPR phases the
+    critic-only steps and (after RPR-1) the actor rate RPR-1's / `pipeline.rpr2_lr_divisor`."""
     rules = dict(spec.overrides)
     for role, dep in spec.inputs.items():
         rules[f"init.{role}_weights"] = export_dir(dep)
+    if spec.kind in ("rsr", "rpr"):
+        rules["candidates.count"] = candidates
     if spec.kind == "rpr":
         rules["ppo.critic_warmup_steps"] = pipeline.critic_warmup_steps
         if spec.name != RPR1:
@@ -290,4 +293,12 @@ def stage_hash(spec: StageSpec, cfg, run_dir: str, input_hashes: Mapping[str, st
     return hash_json({"experiment": spec.experiment, "config": flat,
                       "inputs": dict(sorted(input_hashes.items())),
                       "eval": relative_paths(flatten(eval_cfg), run_dir), "bypass": bypass,
-                      **({"validation": dict(selection)} if selection is not None else {})})
+                      **({"validation": selection_hash_settings(selection)}
+                         if selection is not None else {})})
+
+
+def selection_hash_settings(selection: Mapping) -> dict:
+    """The validation settings that decide a stage's export beyond its own config:
+    `candidates` reaches the stages that offer candidates through their config
+    (`candidates.count`), so a stage without candidates (the base) is not invalidated by it."""
+    return {k: v for k, v in selection.items() if k != "candidates"}

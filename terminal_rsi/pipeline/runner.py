@@ -15,9 +15,11 @@ Each stage goes resolve → run → hand off → validate → evaluate:
   bypassed stage a copy of its inputs.
 - hand off (`terminal_rsi.pipeline.handoff`): the stage's weights-only exports are checked
   and the pass-through rules applied.
-- validate (`Pipeline.validate_stage`, `terminal_rsi.pipeline.validation`): the stage's actor
-  is scored on the validation split and kept only if it beats its input's; otherwise the
-  input is handed on unchanged. The ledger records the decision and why.
+- validate (`Pipeline.validate_stage`, `terminal_rsi.pipeline.validation`): the stage's
+  actors (its final export and, for RSR and RPR, the candidates it exported during
+  training) are scored on the validation split; the best is kept only if it beats the
+  input's, otherwise the input is handed on unchanged. The ledger records the decision and
+  why.
 - evaluate (`Pipeline.evaluate_stage`): k runs per held-out task (`evaluation.evaluate`); a
   critic warm-up is evaluated by its critic's EV on its input stage's episodes
   (`terminal_rsi.pipeline.stage_eval`).
@@ -46,6 +48,7 @@ import ml_collections
 
 from terminal_rsi import registry
 from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.checkpoint import candidate_exports
 from terminal_rsi.configuration import build
 from terminal_rsi.evaluation.config import EvalConfig
 from terminal_rsi.evaluation.evaluate import evaluate
@@ -74,10 +77,11 @@ from terminal_rsi.pipeline.stage_eval import (
     train_stats,
 )
 from terminal_rsi.pipeline.validation import (
+    best_candidate,
     bypassed_record,
     decide,
-    hand_on_input,
     has_validation_split,
+    replace_exports,
     validation_config,
 )
 from terminal_rsi.progress import echo
@@ -149,7 +153,8 @@ class Pipeline:
         spec = self.graph[name]
         lr1 = (float(self.stage_config(RPR1).actor_opt.learning_rate)
                if spec.kind == "rpr" and name != RPR1 else None)
-        return graph_rules(spec, self.config.pipeline, self.export_dir, lr1)
+        return graph_rules(spec, self.config.pipeline, self.export_dir, lr1,
+                           self.config.validation.candidates if self.validating else 1)
 
     def config_hash(self, name: str) -> str:
         if name not in self._hashes:
@@ -306,22 +311,49 @@ class Pipeline:
             return rec
         t0 = time.monotonic()
         v = self.config.validation
-        fn = get_path(self.stage_config(name), "rewards.fn") or "fdr"
-        cfg = validation_config(self.eval_base_config(), v, self.export_dir(name), fn)
-        res = evaluate(build(EvalConfig, cfg), os.path.join(self.stage_dir(name), "validation"),
-                       log=self.log)["validation"]
-        rec = decide(name, float(res["mean_at_k"]), source, source_record, v.min_gain, v.k)
-        if rec["decision"] == "input":
+        scored = [self.score_on_validation(name, step, d) for step, d in self.candidates(name)]
+        best = scored[best_candidate([c["score"] for c in scored])]
+        rec = decide(name, best["score"], source, source_record, v.min_gain, v.k,
+                     candidate=best["candidate"] if len(scored) > 1 else None)
+        sources = (self.input_exports(name) if rec["decision"] == "input" else
+                   None if best["dir"] == self.export_dir(name) else
+                   dict.fromkeys(spec.inputs, best["dir"]))
+        if sources is not None:
             rec["rejected"] = os.path.relpath(
-                hand_on_input(spec, self.stage_dir(name), self.export_dir(name),
-                              self.input_exports(name)), self.run_dir)
-        rec.update(metric="mean_at_k", k=v.k, num_tasks=res["num_tasks"],
-                   score=res["mean_at_k"], wall_s=time.monotonic() - t0,
-                   per_family={f: x["success"] for f, x in res["per_family"].items()},
-                   trajectories=f"{name}/validation/{res['trajectories']}")
+                replace_exports(spec, self.stage_dir(name), self.export_dir(name), sources),
+                self.run_dir)
+        rec.update(metric="mean_at_k", k=v.k, num_tasks=best["num_tasks"],
+                   score=best["score"], wall_s=time.monotonic() - t0,
+                   per_family=best["per_family"], trajectories=best["trajectories"],
+                   candidates=[{k: c[k] for k in ("candidate", "step", "score")}
+                               for c in scored],
+                   chosen_candidate=None if rec["decision"] == "input" else best["candidate"])
         self.log(f"[pipeline] {name}: {rec['reason']}")
         self.ledger.update(name, validation=rec)
         return rec
+
+    def candidates(self, name: str) -> list[tuple[int | None, str]]:
+        """(step, export dir) of the actors stage `name` offers for model selection: its
+        candidates (`checkpoint.candidate_exports`) by step, then its final export (None)."""
+        return candidate_exports(self.stage_dir(name)) + [(None, self.export_dir(name))]
+
+    def score_on_validation(self, name: str, step: int | None, actor_dir: str) -> dict:
+        """Validation Mean@k of the actor exported at `actor_dir` (stage `name`'s candidate of
+        `step`, None: its final export), its trajectories under
+        `<stage>/validation[/step_<n>]`."""
+        fn = get_path(self.stage_config(name), "rewards.fn") or "fdr"
+        cfg = validation_config(self.eval_base_config(), self.config.validation, actor_dir, fn)
+        label = "final" if step is None else f"step {step}"
+        sub = "validation" if step is None else os.path.join("validation", f"step_{step}")
+        res = evaluate(build(EvalConfig, cfg), os.path.join(self.stage_dir(name), sub),
+                       log=self.log)["validation"]
+        self.log(f"[pipeline] {name}: validation Mean@{self.config.validation.k} of the "
+                 f"{label} actor {res['mean_at_k']:.3f}")
+        return {"candidate": label, "dir": actor_dir, "score": float(res["mean_at_k"]),
+                "step": step,
+                "num_tasks": res["num_tasks"],
+                "per_family": {f: x["success"] for f, x in res["per_family"].items()},
+                "trajectories": f"{name}/{sub}/{res['trajectories']}"}
 
     # ------------------------------------------------------------------ evaluate
 

@@ -18,6 +18,18 @@ says so:
         "chosen": <stage whose trained actor is exported>, "chosen_score", "reason",
         "per_family": {family: success}, "wall_s", "trajectories"}
 
+An RSR or RPR stage offers more than its final actor: with `validation.candidates` = C
+it exports C - 1 earlier actors, evenly spaced over the steps that train the actor
+(`candidates.count`, `checkpoint.candidate_steps`), at `<stage>/candidates/step_<n>/`. Each
+is scored on the same validation episodes as the final export (trajectories under
+`<stage>/validation/step_<n>/`); the best (a tie goes to the earliest) is the stage's actor,
+and the rule above compares it with the input. When an earlier candidate wins, it replaces
+the export (actor and, for RPR, the critic trained with it) and the final export is kept at
+`<stage>/rejected/`. The record adds
+
+        "candidates": [{"candidate": "step 4 of 12", "step", "score"}, ...],
+        "chosen_candidate": the candidate exported (None: the input is handed on)
+
 This is model selection on validation data; the held-out suites are never looked at. The
 base stage is scored too (its score is what RSR-1 must beat). A critic warm-up trains no
 actor and is not scored; a bypassed stage carries its input's record.
@@ -27,7 +39,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import ml_collections
 
@@ -58,11 +70,23 @@ def validation_config(eval_base: ml_collections.ConfigDict, validation, actor_ex
     return cfg
 
 
+def best_candidate(scores: Sequence[float]) -> int:
+    """The index of the highest score; a tie goes to the earliest candidate (the fewest
+    updates away from the validated input)."""
+    if not scores:
+        raise ValueError("no candidate to choose from")
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
 def decide(name: str, score: float, source: str | None, source_record: Mapping | None,
-           min_gain: float, k: int) -> dict:
+           min_gain: float, k: int, candidate: str | None = None) -> dict:
     """The selection rule (module doc) for stage `name` whose actor scored `score`, handed
-    the actor of stage `source` (None: the base) whose record is `source_record`."""
+    the actor of stage `source` (None: the base) whose record is `source_record`;
+    `candidate` names which of the stage's actors that is (e.g. "step 8 of 12") when it
+    offered several."""
     metric = f"validation Mean@{k}"
+    if candidate:
+        metric = f"{metric} of its {candidate} actor"
     if source is None:
         return {"decision": "base", "chosen": name, "chosen_score": score, "input": None,
                 "input_score": None, "reason": f"the base: {metric} {score:.3f}"}
@@ -98,17 +122,19 @@ def bypassed_record(source: str, source_record: Mapping | None) -> dict:
             "reason": f"bypassed: exports its input {source}"}
 
 
-def hand_on_input(spec: StageSpec, stage_dir: str, export_dir: str,
-                  input_exports: Mapping[str, str]) -> str:
-    """Replace the stage's exports by its inputs' (each role), keeping the trained ones at
-    `<stage_dir>/rejected/<role>`; returns that directory. Each role is swapped by renames
-    after its copy is complete, so an interruption leaves either export whole."""
+def replace_exports(spec: StageSpec, stage_dir: str, export_dir: str,
+                    sources: Mapping[str, str]) -> str:
+    """Replace the stage's exports by copies of `sources` (role -> a directory holding
+    `<role>/`: the inputs' exports, or one of the stage's candidates), keeping the stage's
+    final ones at `<stage_dir>/rejected/<role>`; returns that directory. Each role is
+    swapped by renames after its copy is complete, so an interruption leaves either export
+    whole."""
     rejected = os.path.join(stage_dir, "rejected")
     os.makedirs(rejected, exist_ok=True)
     staging = os.path.join(stage_dir, "rejected.incoming")
     if os.path.isdir(staging):
         shutil.rmtree(staging)
-    copy_inputs(spec, staging, input_exports)
+    copy_inputs(spec, staging, sources)
     for role in export_roles(spec.kind):
         src, keep = os.path.join(export_dir, role), os.path.join(rejected, role)
         if os.path.isdir(keep):

@@ -15,6 +15,7 @@ import dataclasses
 from terminal_rsi.losses import Aggregation
 from terminal_rsi.sections import (
     BatchedRollout,
+    Candidates,
     Harness,
     InitWeights,
     Mesh,
@@ -131,6 +132,7 @@ class PhaseConfig(Seeded):
     critic_opt: Optimizer = Optimizer(learning_rate=1e-3, grad_clip=100.0)
     eval: PhaseEval = PhaseEval()
     checkpoint: Checkpointing = Checkpointing()
+    candidates: Candidates = Candidates()
     mesh: Mesh = Mesh()
 
     def __post_init__(self) -> None:

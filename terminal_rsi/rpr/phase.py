@@ -73,7 +73,13 @@ import numpy as np
 
 from terminal_rsi import sharding as shd
 from terminal_rsi.atomic import atomic_write_json, atomic_write_text
-from terminal_rsi.checkpoint import RunCheckpointer, export_weights
+from terminal_rsi.checkpoint import (
+    RunCheckpointer,
+    candidate_steps,
+    export_candidate,
+    export_weights,
+    prune_candidates,
+)
 from terminal_rsi.forward import make_logprob_fn, make_value_fn
 from terminal_rsi.losses import PPOConfig
 from terminal_rsi.models.loading import (  # noqa: F401 (re-exported)
@@ -277,6 +283,8 @@ def run_phase(config: PhaseConfig, workdir: str, *,
     phase, state = _setup(config, workdir)
     metrics_path = os.path.join(workdir, "metrics.jsonl")
     state, metrics, resumed_from = _resume(phase, state, metrics_path, on_resume)
+    prune_candidates(workdir, state.step)  # later ones are written again
+    candidates = phase_candidate_steps(config, phase.num_steps)
     os.makedirs(phase.traj_dir, exist_ok=True)
     # purge_step: TensorBoard hides events of steps > the checkpoint left by an earlier run
     tb = artifacts.ScalarWriter(os.path.join(workdir, "tensorboard"), purge_step=state.step + 1)
@@ -289,6 +297,9 @@ def run_phase(config: PhaseConfig, workdir: str, *,
             if (state.step % config.checkpoint.every == 0
                     or state.step in (phase.num_steps, stop_after)):
                 save_checkpoint(phase, state)
+            if state.step in candidates:
+                export_candidate(workdir, state.step, {"actor": state.actor.params,
+                                                       "critic": state.critic.params})
             metrics.append(row)
             _write_metrics(metrics_path, metrics)
             tb.write(state.step, row)
@@ -309,6 +320,16 @@ def run_phase(config: PhaseConfig, workdir: str, *,
                       _summary(config, metrics, state.step, phase.num_steps, resumed_from,
                                time.monotonic() - t_start))
     return PhaseResult(state.step, metrics, state.actor, state.critic, resumed_from)
+
+
+def phase_candidate_steps(config: PhaseConfig, num_steps: int) -> tuple[int, ...]:
+    """The steps whose actor and critic the phase offers for model selection
+    (`candidates.count`): evenly spaced over the joint steps, after the critic-only ones; a
+    critic warm-up trains no actor and offers none."""
+    if config.mode == "warmup_critic":
+        return ()
+    warm = min(config.ppo.critic_warmup_steps, num_steps)
+    return candidate_steps(warm, num_steps, config.candidates.count)
 
 
 def _summary(config, metrics: list[dict], step: int, num_steps: int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from terminal_rsi.sections import (
+    Candidates,
     Harness,
     InitWeights,
     ModelSource,
@@ -153,3 +154,4 @@ class RSRConfig(Seeded):
     sft: RSRSFT = RSRSFT(steps=60, aggregation="sequence_sum")
     actor_opt: SFTOptimizer = SFTOptimizer(learning_rate=5e-4, weight_decay=0.0)
     eval: RSREval = RSREval()
+    candidates: Candidates = Candidates()

@@ -177,13 +177,14 @@ def train_sft(state: TrainState, trajectories: Sequence, step_fn, *, num_steps: 
               batch_size: int, rng: np.random.Generator, buckets=None, width: int | None = None,
               on_step: Callable[[int, dict], Any] | None = None,
               sampler: Callable[[np.random.Generator, int], Sequence] | None = None,
-              bar=None):
+              bar=None, on_state: Callable[[int, Any], Any] | None = None):
     """`num_steps` SFT steps, each on `batch_size` trajectories drawn uniformly with
     replacement (or by `sampler(rng, batch_size)`, e.g. a curriculum), packed to `width`
     (None: the bucketed batch maximum, a new compile per new shape). Returns (state,
     per-step metric dicts with "step", "loss", "nll_per_token", "tokens", "grad_norm",
     "step_s"). Progress: a bar of these steps (`terminal_rsi.progress`), or `bar`, one the
-    caller keeps across several calls (advanced by one per step, left open)."""
+    caller keeps across several calls (advanced by one per step, left open). `on_state(k,
+    state)` sees the state after step k (e.g. to export a candidate actor)."""
     if not trajectories and sampler is None:
         raise ValueError("train_sft needs at least one trajectory (Q_clean is empty)")
     own_bar = bar is None
@@ -207,6 +208,8 @@ def train_sft(state: TrainState, trajectories: Sequence, step_fn, *, num_steps: 
             bar.update()
             if on_step is not None:
                 on_step(k, row)
+            if on_state is not None:
+                on_state(k, state)
     finally:
         if own_bar:
             bar.close()

@@ -60,7 +60,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.agent import HarnessConfig, SamplingSettings, write_shard
-from terminal_rsi.checkpoint import export_weights
+from terminal_rsi.checkpoint import (
+    candidate_steps,
+    export_candidate,
+    export_weights,
+    prune_candidates,
+)
 from terminal_rsi.losses import Aggregation
 from terminal_rsi.models.loading import import_params, load_model
 from terminal_rsi.models.transformer import critic_params_from_actor
@@ -282,6 +287,18 @@ class StageSetup:
     def write(self, name: str, trajectories: list) -> None:
         write_shard(os.path.join(self.trajdir, f"{name}.jsonl"), trajectories)
 
+    def candidate_exporter(self, n_steps: int) -> Callable[[int, TrainState], None]:
+        """`train_sft`'s on_state hook: the actor (with the unchanged input critic) of each
+        step of `candidate_steps(0, n_steps, candidates.count)` as a candidate for model
+        selection (`<workdir>/candidates/step_<k>`)."""
+        steps = set(candidate_steps(0, n_steps, self.config.candidates.count))
+        workdir = os.path.dirname(self.export)
+
+        def export(k: int, actor: TrainState) -> None:
+            if k in steps:
+                export_candidate(workdir, k, {"actor": actor.params, "critic": self.critic_in})
+        return export
+
 
 @dataclasses.dataclass
 class Discovered:
@@ -462,7 +479,8 @@ def finetune(st: StageSetup, actor: TrainState, q_clean: list, rehearsal: list,
     if s.kl_coef > 0:  # π_in: a copy, the step donates the state it trains
         step_fn = functools.partial(step_fn, ref_params=jax.tree.map(jnp.copy, actor.params))
     actor, metrics = train_sft(actor, sft_set, step_fn, num_steps=n_steps,
-                               batch_size=s.batch_size, rng=rng, buckets=buckets, width=width)
+                               batch_size=s.batch_size, rng=rng, buckets=buckets, width=width,
+                               on_state=st.candidate_exporter(n_steps))
     return FineTuned(actor, metrics, n_steps, nll_before, nll(actor))
 
 
@@ -519,6 +537,7 @@ def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
     """One RSR stage (module doc): discover, plan and review, execute fresh, fine-tune the
     actor on Q_clean, export (critic unchanged), summarize."""
     t_start = time.monotonic()
+    prune_candidates(workdir)  # an earlier attempt's candidates are not this run's
     st, actor = setup_stage(config, workdir)
     actor_pol = st.policy(actor, config.seed)
     disc = discover_successes(st, actor_pol)

@@ -1,10 +1,12 @@
 """A tiny end-to-end pipeline run (scale "test": 2 families, tiny model and budgets) up to
 rpr1_fdr: prerequisites run first, every stage is evaluated (k = 3, both suites), the ledger
 follows C5, the critic passes through RSR unchanged, plots exist; a second run recomputes
-nothing; a failing stage is recorded and stops the run."""
+nothing; a failing stage is recorded and stops the run; a stage that offers candidates has
+the best of them chosen."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from terminal_rsi.pipeline import validate_ledger
 from terminal_rsi.pipeline.graph import STAGES
 from terminal_rsi.pipeline.handoff import restore_export, same_params
 from terminal_rsi.pipeline.runner import Pipeline, StageFailed
+from terminal_rsi.pipeline.validation import best_candidate
 from tests.pipeline.helpers import small_config, trained_export
 
 # module/session-scoped fixtures are expensive: keep these tests on one xdist worker
@@ -119,3 +122,57 @@ def test_failed_stage_is_recorded_and_stops_the_run(run):
     assert s["status"] == "failed" and "no_such_split" in s["error"] and s["eval"] == {}
     assert os.path.exists(os.path.join(d, "rpr1_fdr", "error.txt"))
     assert np.isfinite(s["wall_s"])
+
+
+@pytest.fixture(scope="module")
+def candidates_run(run, tmp_path_factory):
+    """The run above with RPR-1 one joint step longer: it offers its step-5 actor as well."""
+    d = str(tmp_path_factory.mktemp("pipe_candidates") / "run")
+    shutil.copytree(run[0], d)
+    c = small_config()
+    c.stages.rpr1_fdr.num_steps = 6
+    p = Pipeline(c, d, log=lambda s: None)
+    p.run()
+    with open(os.path.join(d, "ledger.json")) as f:
+        return d, p, json.load(f)
+
+
+def test_a_stage_offers_its_candidates_and_the_best_is_chosen(candidates_run):
+    d, p, ledger = candidates_run
+    assert p.executed == ["rpr1_fdr"]  # base, rsr1 and warmup_critic were reused
+    v = {s["name"]: s for s in ledger["stages"]}["rpr1_fdr"]["validation"]
+    assert [(c["candidate"], c["step"]) for c in v["candidates"]] == [("step 5", 5),
+                                                                      ("final", None)]
+    scores = [c["score"] for c in v["candidates"]]
+    best = v["candidates"][best_candidate(scores)]
+    assert v["score"] == best["score"]
+    assert os.path.exists(os.path.join(d, "rpr1_fdr", "validation", "step_5"))
+    cand = os.path.join(d, "rpr1_fdr", "candidates", "step_5")
+    assert sorted(os.listdir(cand)) == ["actor", "critic"]
+    export = os.path.join(d, "rpr1_fdr", "export")
+    if v["decision"] == "input":
+        assert v["chosen_candidate"] is None
+    else:
+        assert v["chosen_candidate"] == best["candidate"]
+        if best["step"] == 5:  # the candidate replaced the final export, kept at rejected/
+            for role in ("actor", "critic"):
+                assert same_params(restore_export(export, role), restore_export(cand, role))
+            assert os.path.isdir(os.path.join(d, v["rejected"], "actor"))
+
+
+def test_a_winning_candidate_replaces_the_export(candidates_run, monkeypatch):
+    d, p, _ = candidates_run
+    export = os.path.join(d, "rpr1_fdr", "export")
+    cand = os.path.join(d, "rpr1_fdr", "candidates", "step_5")
+    before = restore_export(export, "actor")
+    scores = {5: 1.0, None: -1.0}  # the step-5 actor beats any input; the final one loses
+    monkeypatch.setattr(Pipeline, "score_on_validation", lambda self, name, step, actor_dir: {
+        "candidate": "final" if step is None else f"step {step}", "dir": actor_dir,
+        "score": scores[step], "step": step, "num_tasks": 1, "per_family": {},
+        "trajectories": "t"})
+    rec = p.validate_stage("rpr1_fdr")
+    assert rec["decision"] == "kept" and rec["chosen_candidate"] == "step 5"
+    assert "step 5 actor" in rec["reason"] and rec["score"] == 1.0
+    for role in ("actor", "critic"):
+        assert same_params(restore_export(export, role), restore_export(cand, role))
+    assert same_params(restore_export(os.path.join(d, rec["rejected"]), "actor"), before)

@@ -4,15 +4,24 @@ inputs when its actor does not beat them."""
 
 import os
 
+import numpy as np
 import pytest
 
+from terminal_rsi.checkpoint import (
+    candidate_exports,
+    candidate_steps,
+    export_candidate,
+    prune_candidates,
+)
 from terminal_rsi.pipeline.graph import STAGES
+from terminal_rsi.pipeline.handoff import restore_export
 from terminal_rsi.pipeline.ledger import DECISIONS, LedgerError, validate_ledger
 from terminal_rsi.pipeline.validation import (
+    best_candidate,
     bypassed_record,
     decide,
-    hand_on_input,
     has_validation_split,
+    replace_exports,
 )
 from terminal_rsi.tasks import get_suite
 from terminal_rsi.tasks.builtin import heldout_seed, validation_seed
@@ -102,7 +111,7 @@ def _read(path):
         return f.read()
 
 
-def test_hand_on_input_exports_every_input_role_and_keeps_the_trained_ones(tmp_path):
+def test_replace_exports_exports_every_input_role_and_keeps_the_trained_ones(tmp_path):
     root = str(tmp_path)
     spec = STAGES["rpr1_fdr"]  # actor from rsr1, critic from warmup_critic
     _export(root, "rsr1", ("actor", "critic"), "in")
@@ -110,14 +119,14 @@ def test_hand_on_input_exports_every_input_role_and_keeps_the_trained_ones(tmp_p
     _export(root, "rpr1_fdr", ("actor", "critic"), "trained")
     inputs = {role: os.path.join(root, dep, "export") for role, dep in spec.inputs.items()}
     out = os.path.join(root, "rpr1_fdr", "export")
-    rejected = hand_on_input(spec, os.path.join(root, "rpr1_fdr"), out, inputs)
+    rejected = replace_exports(spec, os.path.join(root, "rpr1_fdr"), out, inputs)
     assert _read(os.path.join(out, "actor")) == "rsr1-actor-in"
     assert _read(os.path.join(out, "critic")) == "warmup_critic-critic-in"
     assert _read(os.path.join(rejected, "actor")) == "rpr1_fdr-actor-trained"
     assert _read(os.path.join(rejected, "critic")) == "rpr1_fdr-critic-trained"
     assert sorted(os.listdir(os.path.join(root, "rpr1_fdr"))) == ["export", "rejected"]
     # again (a resumed run): the inputs stay exported, nothing is left half-copied
-    hand_on_input(spec, os.path.join(root, "rpr1_fdr"), out, inputs)
+    replace_exports(spec, os.path.join(root, "rpr1_fdr"), out, inputs)
     assert _read(os.path.join(out, "actor")) == "rsr1-actor-in"
 
 
@@ -130,3 +139,41 @@ def test_the_ledger_checks_the_decision():
     led["stages"][0]["validation"]["decision"] = "maybe"
     with pytest.raises(LedgerError, match="validation decision"):
         validate_ledger(led)
+
+
+def test_the_best_candidate_wins_and_a_tie_goes_to_the_earliest():
+    assert best_candidate([0.4, 0.6, 0.5]) == 1
+    assert best_candidate([0.5, 0.6, 0.6]) == 1  # fewest updates from the input
+    assert best_candidate([0.3]) == 0
+    with pytest.raises(ValueError, match="no candidate"):
+        best_candidate([])
+
+
+def test_the_reason_names_the_chosen_candidate():
+    base = decide("base", 0.4, None, None, 0.0, 3)
+    rec = decide("rpr1_fdr", 0.5, "base", base, 0.0, 3, candidate="step 8")
+    assert rec["decision"] == "kept" and "step 8 actor" in rec["reason"]
+    assert "step 8" not in decide("rsr1", 0.5, "base", base, 0.0, 3)["reason"]
+
+
+@pytest.mark.parametrize("first,last,count,want", [
+    (0, 12, 3, (4, 8)), (4, 12, 3, (7, 9)), (0, 12, 1, ()), (4, 5, 3, ()), (0, 2, 3, (1,)),
+    (0, 0, 3, ()), (0, 4, 8, (1, 2, 3))])
+def test_candidate_steps_are_evenly_spaced_between_input_and_final(first, last, count, want):
+    assert candidate_steps(first, last, count) == want
+
+
+def test_candidates_are_written_whole_listed_by_step_and_pruned(tmp_path):
+    d = str(tmp_path)
+    p = {"w": np.arange(3.0, dtype=np.float32)}
+    for step in (8, 4):
+        export_candidate(d, step, {"actor": p, "critic": p})
+    os.makedirs(os.path.join(d, "candidates", ".step_9.tmp"))  # a save cut short
+    got = candidate_exports(d)
+    assert [s for s, _ in got] == [4, 8]
+    assert sorted(os.listdir(got[0][1])) == ["actor", "critic"]
+    assert restore_export(got[1][1], "actor")["w"].tolist() == [0.0, 1.0, 2.0]
+    prune_candidates(d, 4)  # a phase resumed at step 4 writes step 8 again
+    assert sorted(os.listdir(os.path.join(d, "candidates"))) == ["step_4"]
+    prune_candidates(d)
+    assert candidate_exports(d) == []
