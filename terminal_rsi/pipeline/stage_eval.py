@@ -93,7 +93,9 @@ def numbers(d: Mapping, prefix: str = "") -> dict:
 
 
 def train_stats(stage_dir: str) -> dict:
-    """Numbers from `summary.json` and the last `metrics.jsonl` line (prefixed final/)."""
+    """Numbers from `summary.json` and the last `metrics.jsonl` line (prefixed final/);
+    "steps" counts the training steps taken (a stage that skipped training, e.g. RSR with an
+    empty Q_clean, writes one row with "skipped" and took none)."""
     stats: dict = {}
     p = os.path.join(stage_dir, "summary.json")
     if os.path.exists(p):
@@ -104,6 +106,6 @@ def train_stats(stage_dir: str) -> dict:
         with open(p) as f:
             rows = [json.loads(x) for x in f if x.strip()]
         if rows:
-            stats["steps"] = float(len(rows))
+            stats["steps"] = float(sum(1 for r in rows if "skipped" not in r))
             stats.update(numbers(rows[-1], "final/"))
     return stats

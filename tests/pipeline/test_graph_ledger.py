@@ -12,6 +12,7 @@ from terminal_rsi.pipeline import graph as G
 from terminal_rsi.pipeline import ledger as L
 from terminal_rsi.pipeline.config import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError
+from terminal_rsi.pipeline.stage_eval import train_stats
 
 
 def _config(**pipeline):
@@ -84,6 +85,34 @@ def test_config_hash_invalidates_downstream_only(tmp_path):
     c2.stages.rpr1_fdr.actor_opt.learning_rate = 1e-3
     p2 = Pipeline(c2, str(tmp_path / "c"))
     assert p2.stage_config("rpr2_spr").actor_opt.learning_rate == pytest.approx(2e-4)
+
+
+def test_validation_candidates_reach_rsr_and_rpr_and_spare_the_base(tmp_path):
+    a = Pipeline(_config(), str(tmp_path / "a"))
+    assert {n: a.stage_config(n).candidates.count for n in ("rsr1", "rpr1_fdr", "rsr2",
+                                                            "rpr2_spr")} == dict.fromkeys(
+        ("rsr1", "rpr1_fdr", "rsr2", "rpr2_spr"), 3)
+    assert "candidates" not in a.stage_config("base")
+    assert a.stage_config("warmup_critic").candidates.count == 1  # trains no actor
+    c = _config()
+    c.validation.candidates = 1
+    b = Pipeline(c, str(tmp_path / "b"))
+    assert b.stage_config("rsr1").candidates.count == 1
+    assert [n for n in a.order if a.config_hash(n) == b.config_hash(n)] == ["base"]
+    c.validation.enabled = False  # no model selection: no candidates either
+    off = Pipeline(c, str(tmp_path / "c"))
+    assert off.stage_config("rpr1_fdr").candidates.count == 1
+
+
+def test_train_stats_counts_the_steps_taken(tmp_path):
+    d = str(tmp_path)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 0, "skipped": "empty Q_clean"}) + "\n")
+    assert train_stats(d)["steps"] == 0.0  # RSR that took no SFT step
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"step": k, "loss": 1.0 / k}) + "\n" for k in (1, 2, 3)))
+    st = train_stats(d)
+    assert st["steps"] == 3.0 and st["final/loss"] == pytest.approx(1 / 3)
 
 
 def test_bad_stage_override_is_named_before_work(tmp_path):
