@@ -112,6 +112,8 @@ class Planner(Section):
 @dataclasses.dataclass(frozen=True)
 class Execution(Section):
     m: int = setting(4, "M: fresh executions per accepted runbook", lo=1)
+    temperature: float | None = setting(None, "sampling temperature of the fresh executions "
+                                        "(None: the target harness's)", lo=0.0)
     instruction: str | None = setting(None, "I_exec (None: guidance.EXEC_INSTRUCTION)")
 
 

@@ -17,8 +17,9 @@
 3. Review (`reviewer.Reviewer`): schema, artifact, compatibility; each rejection's reason
    codes are counted.
 4. Fresh execution: the current actor under H0 with private guidance I_exec ⊕ x_pub ⊕ b,
-   M = `execution.m` repeats per accepted runbook; a run is accepted iff the protected
-   verifier passes (S = 1) and the leak screen passes on its public view.
+   M = `execution.m` repeats per accepted runbook, sampled at `execution.temperature` (None:
+   H0's); a run is accepted iff the protected verifier passes (S = 1) and the leak screen
+   passes on its public view.
 5. Q_clean: the public views P(τ̃) of the accepted runs, as a multiset (repeats kept).
    With `sft.rehearsal_samples` > 0 (off in the paper's recipe), the input actor's own
    verified H0 successes (`rehearsal_set`, that many samples per training task) join it, so
@@ -407,9 +408,11 @@ def plan_and_review(st: StageSetup, kept: list, actor_pol) -> Reviewed:
 def execute_runbooks(st: StageSetup, actor_pol, to_run: list) -> tuple[list, list]:
     """Step 4: fresh execution with private guidance (trajectories/fresh.jsonl) and its
     accepted public views Q_clean (trajectories/q_clean.jsonl)."""
-    exec_instruction = st.config.execution.instruction or EXEC_INSTRUCTION
-    fresh, q_clean = fresh_execute(actor_pol, st.h0, to_run, st.config.execution.m,
-                                   st.tokenizer, st.concurrency, exec_instruction, st.sandbox)
+    ex = st.config.execution
+    h0 = st.h0 if ex.temperature is None else dataclasses.replace(
+        st.h0, sampling=dataclasses.replace(st.h0.sampling, temperature=ex.temperature))
+    fresh, q_clean = fresh_execute(actor_pol, h0, to_run, ex.m, st.tokenizer, st.concurrency,
+                                   ex.instruction or EXEC_INSTRUCTION, st.sandbox)
     st.write("fresh", fresh)
     st.write("q_clean", q_clean)
     print(f"[rsr] fresh execution: {len(q_clean)}/{len(fresh)} accepted "

@@ -19,7 +19,13 @@ from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.base_sft import runbook_for_task
 from terminal_rsi.rsr.reviewer import privileged_strings
 from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
-from terminal_rsi.rsr.stage import acceptance_funnel, fresh_execute, funnel_line, run_rsr
+from terminal_rsi.rsr.stage import (
+    acceptance_funnel,
+    execute_runbooks,
+    fresh_execute,
+    funnel_line,
+    run_rsr,
+)
 from terminal_rsi.sampling import Buckets
 from terminal_rsi.tasks.builtin import make_task
 from terminal_rsi.train_state import OptimizerConfig, create_train_state
@@ -256,3 +262,28 @@ def test_the_acceptance_funnel_counts_each_familys_losses():
               "acceptance_rate": None}}
     line = funnel_line(got)
     assert line.startswith("a 1/4") and "b 0/0 (most lost: rejected artifact)" in line
+
+
+@pytest.mark.parametrize("temperature", [None, 0.25])
+def test_fresh_execution_samples_at_its_own_temperature(tmp_path, temperature):
+    """`execution.temperature` (None: the target harness's) is the temperature of every
+    fresh-execution request, and the verified runs still form Q_clean."""
+    seen = []
+    follower = follower_policy(TOK)
+
+    class Recording:
+        tokenizer = TOK
+
+        def generate(self, requests):
+            seen.extend(r.sampling.temperature for r in requests)
+            return follower.generate(requests)
+
+    h0 = HarnessConfig(**{**H0.__dict__, "sampling": SamplingSettings(temperature=0.6)})
+    tasks = [make_task("count_lines", s) for s in (0, 1)]
+    st = NS(config=NS(execution=NS(temperature=temperature, m=2, instruction=None)), h0=h0,
+            tokenizer=TOK, concurrency=2, sandbox=None, tasks=tasks,
+            write=lambda name, trajs: None)
+    todo = [(t, runbook_for_task(t), privileged_strings(t)) for t in tasks]
+    fresh, clean = execute_runbooks(st, Recording(), todo)
+    assert len(fresh) == 4 and len(clean) == 4
+    assert seen and set(seen) == {0.6 if temperature is None else temperature}
