@@ -76,12 +76,14 @@ SCALES: dict[str, dict] = {
             # success next to 11 batch_rename runs and RSR-1 still took sort_uniq 4/6 -> 1/6
             # (with 3 samples: 6/6, and no family lost in any stage of 3 seeds; a 2-step lr
             # warm-up was measured and not kept, docs/pipeline.md)
+            # guided rehearsal: trained on public views alone, the RSR-1 actors of seeds 13 and
+            # 29 garbled every runbook RSR-2 gave them (0/120 accepted; docs/pipeline.md)
             # fresh execution near-greedy (T 0.1): at H0's 0.6 the tiny actor garbles the runbook
             # it is given (seed 13: 4/120 runs accepted, at 0.3 16/120, at 0.1 21/120 with
             # csv_filter 9/12; seed 29: 2/120 -> 11/120; docs/pipeline.md)
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
                     "execution.temperature": 0.1, "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
-                    "sft.rehearsal_samples": 3,
+                    "sft.rehearsal_samples": 3, "sft.guided_rehearsal": True,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
             # rpr: actor lr 1e-4 for RPR-1 (RPR-2: 2e-5). From the same RSR-1 actors of 3 seeds,
             # RPR-1 at 1e-4 gave +8.3 / 0.0 / +6.7 points of held-out success; at 2e-4 it lost

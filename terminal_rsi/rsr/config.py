@@ -127,6 +127,11 @@ class RSRSFT(SFT):
                                      "input actor under H0; its verified successes join a "
                                      "non-empty Q_clean in the fine-tune (0: off, the "
                                      "paper)", lo=0)
+    guided_rehearsal: bool = setting(False, "the accepted fresh executions also join the "
+                                     "fine-tune as they ran, runbook in the prompt (as "
+                                     "base_sft's runbook demonstrations), so that the actor "
+                                     "still follows a runbook in the next RSR stage (off: the "
+                                     "paper, public views only)")
     kl_coef: float = setting(0.0, "trust region toward the input actor π_in: adds kl_coef · "
                              "KL(π_θ(·|h_j) ‖ π_in(·|h_j)), the exact full-vocabulary KL at "
                              "each supervised position j, aggregated like the SFT loss "

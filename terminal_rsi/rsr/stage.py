@@ -23,7 +23,9 @@
 5. Q_clean: the public views P(τ̃) of the accepted runs, as a multiset (repeats kept).
    With `sft.rehearsal_samples` > 0 (off in the paper's recipe), the input actor's own
    verified H0 successes (`rehearsal_set`, that many samples per training task) join it, so
-   that families absent from a small Q_clean are not forgotten.
+   that families absent from a small Q_clean are not forgotten; with
+   `sft.guided_rehearsal` (off in the paper's recipe) the accepted runs also join as they
+   ran, runbook in the prompt, so that the actor keeps following runbooks.
    The actor is fine-tuned with Eq. 3 (`sft.steps` steps, or `sft.epochs` passes over
    Q_clean + rehearsal capped at `sft.steps`; minibatches drawn uniformly
    from the multiset) through the SFT step shared with `base_sft`; with `sft.kl_coef` > 0
@@ -441,6 +443,17 @@ def rehearse(st: StageSetup, actor_pol) -> list:
     return rehearsal
 
 
+def guided_rehearsal(st: StageSetup, fresh: list) -> list:
+    """The accepted fresh executions as they ran, runbook in the prompt
+    (`sft.guided_rehearsal`; none when off): trained next to their public views so that
+    fine-tuning on public views alone does not unlearn following a runbook (measured: the
+    RSR-1 actors of two seeds then garbled every runbook RSR-2 gave them, 0 of 120 accepted,
+    docs/pipeline.md)."""
+    if not st.config.sft.guided_rehearsal:
+        return []
+    return [t for t in fresh if t.meta.get("accepted")]
+
+
 def rewritten_success(st: StageSetup, actor: TrainState, rewritten: list,
                       seed: int) -> float | None:
     """Success of `actor` under H0 at `eval.temperature` on the rewritten tasks (None with
@@ -551,12 +564,14 @@ def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
     rewritten_ids = {t.task_id for t in q_clean}
     rewritten = [t for t in st.tasks if t.id in rewritten_ids]
     before = rewritten_success(st, actor, rewritten, config.seed + 11)
-    ft = finetune(st, actor, q_clean, rehearsal, np.random.default_rng(config.seed))
+    guided = guided_rehearsal(st, fresh)
+    ft = finetune(st, actor, q_clean, rehearsal + guided, np.random.default_rng(config.seed))
     cm.write_jsonl(os.path.join(workdir, "metrics.jsonl"), ft.metrics)
     after = rewritten_success(st, ft.actor, rewritten, config.seed + 12)
     identical = export_weights_checked(st, ft.actor)
     summary = {**rsr_summary(st, disc, rev, fresh, q_clean, rehearsal, ft, (before, after),
-                             identical), "wall_s": time.monotonic() - t_start}
+                             identical), "guided_rehearsal_size": len(guided),
+               "wall_s": time.monotonic() - t_start}
     cm.write_json(os.path.join(workdir, "summary.json"), summary)
     return RSRResult(summary, q_clean, ft.actor, st.critic_in)
 

@@ -122,7 +122,8 @@ def test_rsr_stage_end_to_end(tmp_path, trained):
     export_weights(src, "critic", jax.device_get(critic))
     cfg = tiny_stage_config(**{"init.actor_weights": src, "init.critic_weights": src,
                                "harness.system_prompt": SYSTEM, "harness.temperature": 0.0,
-                               "eval.rewritten": False, "sft.rehearsal_samples": 1})
+                               "eval.rewritten": False, "sft.rehearsal_samples": 1,
+                               "sft.guided_rehearsal": True})
     wd = str(tmp_path / "rsr")
     res = run_rsr(cfg, wd)
     s = json.load(open(os.path.join(wd, "summary.json")))
@@ -134,6 +135,7 @@ def test_rsr_stage_end_to_end(tmp_path, trained):
     assert s["q_clean_size"] >= 1 and s["q_clean_per_family"] == {"count_lines":
                                                                   s["q_clean_size"]}
     assert s["nll_after"] <= s["nll_before"]
+    assert s["guided_rehearsal_size"] == s["q_clean_size"]  # the accepted runs, as they ran
     funnel = s["acceptance_per_family"]["count_lines"]  # the stage's own counts, per family
     assert funnel["runbooks"] == s["runbooks"] and funnel["fresh"] == s["fresh_executions"]
     assert funnel["accepted"] == s["q_clean_size"]
