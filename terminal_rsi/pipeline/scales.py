@@ -82,7 +82,8 @@ SCALES: dict[str, dict] = {
             # it is given (seed 13: 4/120 runs accepted, at 0.3 16/120, at 0.1 21/120 with
             # csv_filter 9/12; seed 29: 2/120 -> 11/120; docs/pipeline.md)
             "rsr": {"tasks.n_per_family": 4, "discovery.hot_samples": 1, "execution.m": 3,
-                    "execution.temperature": 0.1, "sft.steps": 60, "sft.epochs": 2.0, "actor_opt.learning_rate": 5e-4,
+                    "execution.temperature": 0.1, "sft.steps": 60, "sft.epochs": 2.0,
+                    "actor_opt.learning_rate": 5e-4,
                     "sft.rehearsal_samples": 3, "sft.guided_rehearsal": True,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
             # rpr: actor lr 1e-4 for RPR-1 (RPR-2: 2e-5). From the same RSR-1 actors of 3 seeds,
