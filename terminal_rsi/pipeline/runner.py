@@ -255,6 +255,7 @@ class Pipeline:
         """Run stage `name` (config hash `h`) and hand off its exports; the ledger follows."""
         spec = self.graph[name]
         sdir = self.prepare_stage_dir(name, h)
+        shutil.rmtree(os.path.join(sdir, "rejected"), ignore_errors=True)  # an earlier try's
         self.ledger.update(
             name, status="running", config_hash=h, started=now_iso(), finished=None,
             wall_s=None, error=None, eval={}, train={}, validation={}, eval_wall_s=None,

@@ -27,7 +27,8 @@ and the rule above compares it with the input. When an earlier candidate wins, i
 the export (actor and, for RPR, the critic trained with it) and the final export is kept at
 `<stage>/rejected/`. The record adds
 
-        "candidates": [{"candidate": "step 4 of 12", "step", "score"}, ...],
+        "candidates": [{"candidate": "step 4", "step": 4, "score"}, ...,
+                       {"candidate": "final", "step": None, "score"}],
         "chosen_candidate": the candidate exported (None: the input is handed on)
 
 This is model selection on validation data; the held-out suites are never looked at. The
@@ -82,7 +83,7 @@ def decide(name: str, score: float, source: str | None, source_record: Mapping |
            min_gain: float, k: int, candidate: str | None = None) -> dict:
     """The selection rule (module doc) for stage `name` whose actor scored `score`, handed
     the actor of stage `source` (None: the base) whose record is `source_record`;
-    `candidate` names which of the stage's actors that is (e.g. "step 8 of 12") when it
+    `candidate` names which of the stage's actors that is (e.g. "step 8") when it
     offered several."""
     metric = f"validation Mean@{k}"
     if candidate:
@@ -128,7 +129,8 @@ def replace_exports(spec: StageSpec, stage_dir: str, export_dir: str,
     `<role>/`: the inputs' exports, or one of the stage's candidates), keeping the stage's
     final ones at `<stage_dir>/rejected/<role>`; returns that directory. Each role is
     swapped by renames after its copy is complete, so an interruption leaves either export
-    whole."""
+    whole, and a rerun of a decision cut short keeps the final export it already moved (a
+    stage that runs again starts without `rejected/`, `Pipeline.run_stage`)."""
     rejected = os.path.join(stage_dir, "rejected")
     os.makedirs(rejected, exist_ok=True)
     staging = os.path.join(stage_dir, "rejected.incoming")
@@ -137,9 +139,10 @@ def replace_exports(spec: StageSpec, stage_dir: str, export_dir: str,
     copy_inputs(spec, staging, sources)
     for role in export_roles(spec.kind):
         src, keep = os.path.join(export_dir, role), os.path.join(rejected, role)
-        if os.path.isdir(keep):
-            shutil.rmtree(keep)
-        if os.path.isdir(src):
+        if os.path.isdir(keep):  # a decision cut short already kept the final export
+            if os.path.isdir(src):
+                shutil.rmtree(src)
+        elif os.path.isdir(src):
             os.replace(src, keep)
         os.replace(os.path.join(staging, role), src)
     shutil.rmtree(staging)

@@ -125,9 +125,11 @@ def test_replace_exports_exports_every_input_role_and_keeps_the_trained_ones(tmp
     assert _read(os.path.join(rejected, "actor")) == "rpr1_fdr-actor-trained"
     assert _read(os.path.join(rejected, "critic")) == "rpr1_fdr-critic-trained"
     assert sorted(os.listdir(os.path.join(root, "rpr1_fdr"))) == ["export", "rejected"]
-    # again (a resumed run): the inputs stay exported, nothing is left half-copied
+    # again (a decision cut short and rerun): the inputs stay exported, the trained ones kept
     replace_exports(spec, os.path.join(root, "rpr1_fdr"), out, inputs)
     assert _read(os.path.join(out, "actor")) == "rsr1-actor-in"
+    assert _read(os.path.join(rejected, "actor")) == "rpr1_fdr-actor-trained"
+    assert sorted(os.listdir(os.path.join(root, "rpr1_fdr"))) == ["export", "rejected"]
 
 
 def test_the_ledger_checks_the_decision():
