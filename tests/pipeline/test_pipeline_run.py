@@ -164,7 +164,7 @@ def test_a_winning_candidate_replaces_the_export(candidates_run, monkeypatch):
     d, p, _ = candidates_run
     export = os.path.join(d, "rpr1_fdr", "export")
     cand = os.path.join(d, "rpr1_fdr", "candidates", "step_5")
-    before = restore_export(export, "actor")
+    final = restore_export(trained_export(d, "rpr1_fdr"), "actor")  # what RPR-1 ended with
     scores = {5: 1.0, None: -1.0}  # the step-5 actor beats any input; the final one loses
     monkeypatch.setattr(Pipeline, "score_on_validation", lambda self, name, step, actor_dir: {
         "candidate": "final" if step is None else f"step {step}", "dir": actor_dir,
@@ -175,4 +175,5 @@ def test_a_winning_candidate_replaces_the_export(candidates_run, monkeypatch):
     assert "step 5 actor" in rec["reason"] and rec["score"] == 1.0
     for role in ("actor", "critic"):
         assert same_params(restore_export(export, role), restore_export(cand, role))
-    assert same_params(restore_export(os.path.join(d, rec["rejected"]), "actor"), before)
+    # the final export is kept at rejected/, also when the run's own decision moved it there
+    assert same_params(restore_export(os.path.join(d, rec["rejected"]), "actor"), final)
