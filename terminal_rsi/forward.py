@@ -27,6 +27,13 @@ Array = jax.Array
 FORWARD_KEYS = ("tokens", "positions", "segment_ids")
 
 
+def actor_logits(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array]) -> Array:
+    """Full next-token logits [B, L, V] of the DecoderLM `nnx.merge(graphdef, params)`."""
+    logits, _ = nnx.merge(graphdef, params)(batch["tokens"], batch["positions"],
+                                            batch["segment_ids"])
+    return logits
+
+
 def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
                    with_entropy: bool = False, *, chunk_size: int | None = None,
                    temperature: float = 1.0) -> tuple[Array, Array | None]:
@@ -41,8 +48,7 @@ def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
         return lpm.token_logprobs(params, graphdef, batch["tokens"], batch["positions"],
                                   batch["segment_ids"], chunk_size=chunk,
                                   temperature=temperature), None
-    model = nnx.merge(graphdef, params)
-    logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+    logits = actor_logits(params, graphdef, batch)
     if temperature != 1.0:
         logits = logits.astype(jnp.float32) / temperature
     return token_logprobs(logits, batch["tokens"], batch["segment_ids"], with_entropy)

@@ -100,17 +100,34 @@ def eval_k(stages: Sequence[Mapping]) -> int | None:
                  and not isinstance(ev.get("k"), bool)), None)
 
 
+def suite_eval(stage: Mapping | None, suite: str) -> dict:
+    """A ledger entry's evaluation record of `suite` ({} when it has none)."""
+    ev = ((stage or {}).get("eval") or {}).get(suite)
+    return ev if isinstance(ev, Mapping) else {}
+
+
+def mean_at_k(stage: Mapping | None, suite: str):
+    return suite_eval(stage, suite).get("mean_at_k")
+
+
+def pass_at_k(stage: Mapping | None, suite: str):
+    """pass@k at the suite's own k (the ledger's string keys)."""
+    ev = suite_eval(stage, suite)
+    return (ev.get("pass_at_k") or {}).get(str(ev.get("k")))
+
+
 def stage_walls(stage: Mapping) -> dict:
     """Seconds of a ledger entry's training (`wall_s`), held-out evaluation (`eval_wall_s`)
     and validation (`validation.wall_s`), and their total (None where none is recorded)."""
     val = stage.get("validation") if isinstance(stage.get("validation"), Mapping) else {}
-    out = {"train": _seconds(stage.get("wall_s")), "eval": _seconds(stage.get("eval_wall_s")),
-           "validation": _seconds(val.get("wall_s"))}
+    out = {"train": number(stage.get("wall_s")), "eval": number(stage.get("eval_wall_s")),
+           "validation": number(val.get("wall_s"))}
     parts = [x for x in out.values() if x is not None]
     return {**out, "total": sum(parts) if parts else None}
 
 
-def _seconds(x) -> float | None:
+def number(x) -> float | None:
+    """`x` as a float when it is a number (not a bool), else None (ledgers are read as given)."""
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 

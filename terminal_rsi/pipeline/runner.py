@@ -333,6 +333,10 @@ class Pipeline:
         self.ledger.update(name, validation=rec)
         return rec
 
+    def reward_fn(self, name: str) -> str:
+        """The reward function stage `name` trains with (its episodes are scored by it)."""
+        return get_path(self.stage_config(name), "rewards.fn") or "fdr"
+
     def candidates(self, name: str) -> list[tuple[int | None, str]]:
         """(step, export dir) of the actors stage `name` offers for model selection: its
         candidates (`checkpoint.candidate_exports`) by step, then its final export (None)."""
@@ -342,7 +346,7 @@ class Pipeline:
         """Validation Mean@k of the actor exported at `actor_dir` (stage `name`'s candidate of
         `step`, None: its final export), its trajectories under
         `<stage>/validation[/step_<n>]`."""
-        fn = get_path(self.stage_config(name), "rewards.fn") or "fdr"
+        fn = self.reward_fn(name)
         cfg = validation_config(self.eval_base_config(), self.config.validation, actor_dir, fn)
         label = "final" if step is None else f"step {step}"
         sub = "validation" if step is None else os.path.join("validation", f"step_{step}")
@@ -370,7 +374,7 @@ class Pipeline:
             self.evaluated.append(name)
             self.ledger.update(name, eval=res)
             return res
-        fn = get_path(self.stage_config(name), "rewards.fn") or "fdr"
+        fn = self.reward_fn(name)
         cfg = self.eval_base_config()
         set_path(cfg, "eval.reward_fn", fn)
         set_path(cfg, "init.critic_weights", self.export_dir(name))

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from terminal_rsi.pipeline.ledger import eval_k, stage_walls
+from terminal_rsi.pipeline.ledger import eval_k, mean_at_k, pass_at_k, stage_walls, suite_eval
 
 SUITES = ("heldout_instances", "heldout_families")
 LETTERS = {"base": "B", "kept": "K", "input": "I", "bypassed": "P"}
@@ -73,21 +73,6 @@ def stage_names(ledgers: Sequence[dict]) -> list[str]:
 
 def entry(ledger: dict, name: str) -> dict | None:
     return next((s for s in ledger.get("stages", []) if s["name"] == name), None)
-
-
-def suite_eval(e: dict | None, suite: str) -> dict:
-    ev = ((e or {}).get("eval") or {}).get(suite)
-    return ev if isinstance(ev, dict) else {}
-
-
-def mean_at_k(e: dict | None, suite: str) -> float | None:
-    return suite_eval(e, suite).get("mean_at_k")
-
-
-def pass_at_k(e: dict | None, suite: str) -> float | None:
-    """pass@k at the suite's own k (the ledger's string keys)."""
-    ev = suite_eval(e, suite)
-    return (ev.get("pass_at_k") or {}).get(str(ev.get("k")))
 
 
 def process_reward(e: dict | None, suite: str) -> float | None:

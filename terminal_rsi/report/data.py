@@ -29,7 +29,7 @@ import numpy as np
 from terminal_rsi.agent.harness import safe_decode
 from terminal_rsi.models import loading
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
-from terminal_rsi.pipeline.ledger import eval_k, stage_walls
+from terminal_rsi.pipeline.ledger import eval_k, mean_at_k, number, pass_at_k, stage_walls
 from terminal_rsi.rewards.ctrf import ReportError, VerificationReport
 from terminal_rsi.rewards.divisors import DivisorError, FamilyDivisors
 from terminal_rsi.rewards.functions import fdr, spr
@@ -402,10 +402,6 @@ TRAIN_NUMBERS = ("steps", "sft_steps", "loss", "nll_per_token", "reward_binary",
 TRAIN_PREFIXES = ("", "final/", "mean/")
 
 
-def _number(x) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
 def suite_order(stages: Sequence[dict]) -> list[str]:
     """The eval suites of a ledger: the held-out ones first, then the others by name."""
     found = {suite for s in stages for suite in (s.get("eval") or {})}
@@ -414,8 +410,8 @@ def suite_order(stages: Sequence[dict]) -> list[str]:
 
 def critic_ev(evals: dict, suites: Sequence[str]) -> float | None:
     """The stage critic's explained variance on evaluation episodes (first suite giving one)."""
-    return next((_number(evals[x].get("explained_variance")) for x in suites
-                 if x in evals and _number(evals[x].get("explained_variance")) is not None),
+    return next((number(evals[x].get("explained_variance")) for x in suites
+                 if x in evals and number(evals[x].get("explained_variance")) is not None),
                 None)
 
 
@@ -430,9 +426,8 @@ def validation_view(stage: dict) -> dict | None:
 
 def headline_row(stage: dict, suites: Sequence[str]) -> dict:
     evals = {k: v for k, v in (stage.get("eval") or {}).items() if isinstance(v, dict)}
-    mean = {x: _number(evals.get(x, {}).get("mean_at_k")) for x in suites}
-    pass_k = {x: _number((evals.get(x, {}).get("pass_at_k") or {}).get(
-        str(evals.get(x, {}).get("k")))) for x in suites}
+    mean = {x: number(mean_at_k(stage, x)) for x in suites}
+    pass_k = {x: number(pass_at_k(stage, x)) for x in suites}
     return {"stage": stage["name"], "status": stage.get("status"), "error": stage.get("error"),
             "mean_at_k": mean, "pass_at_k": pass_k, "ev": critic_ev(evals, suites),
             "validation": validation_view(stage), "wall": stage_walls(stage)}
@@ -467,8 +462,8 @@ def validation_family_rows(stage: dict) -> list[dict]:
     """Per-family validation success of a stage's model selection record (family table rows)."""
     fams = (stage["validation"].get("per_family") or {}) if validation_view(stage) else {}
     return [{"stage": stage["name"], "source": "validation", "family": f, "n": None,
-             "success": _number(v), "mean_p_over_n": None, "fdr": None, "spr": None}
-            for f, v in sorted(fams.items()) if _number(v) is not None]
+             "success": number(v), "mean_p_over_n": None, "fdr": None, "spr": None}
+            for f, v in sorted(fams.items()) if number(v) is not None]
 
 
 # ----------------------------------------------------------------------------- notes

@@ -32,11 +32,10 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-from flax import nnx
 
 from terminal_rsi.agent import pack_trajectories
 from terminal_rsi.alignment import token_logprobs, trained_mask
-from terminal_rsi.forward import actor_logprobs
+from terminal_rsi.forward import actor_logits, actor_logprobs
 from terminal_rsi.grad_accum import accumulate_gradients, apply_gradients, jit_update
 from terminal_rsi.losses import Aggregation, LossParts, kl_to_reference, safe_divide, sft_loss
 from terminal_rsi.progress import progress
@@ -56,12 +55,6 @@ def sft_loss_parts(params, graphdef, batch, aggregation: Aggregation, kl_coef: f
     return sft_loss(lp, mask, aggregation, segment_ids=batch["segment_ids"])
 
 
-def _logits(params, graphdef, batch) -> jax.Array:
-    model = nnx.merge(graphdef, params)
-    logits, _ = model(batch["tokens"], batch["positions"], batch["segment_ids"])
-    return logits
-
-
 def kl_trust_parts(params, ref_params, graphdef, batch, aggregation: Aggregation,
                    kl_coef: float) -> LossParts:
     """Eq. 3 + kl_coef · KL(π_θ(·|h_j) ‖ π_ref(·|h_j)) on one forward of each actor (full
@@ -69,8 +62,8 @@ def kl_trust_parts(params, ref_params, graphdef, batch, aggregation: Aggregation
     both over `trained_mask` with the same weights, hence the same denominator)."""
     if ref_params is None:
         raise ValueError("an SFT step with kl_coef > 0 needs ref_params (the input actor's)")
-    logits = _logits(params, graphdef, batch)
-    ref_logits = jax.lax.stop_gradient(_logits(ref_params, graphdef, batch))
+    logits = actor_logits(params, graphdef, batch)
+    ref_logits = jax.lax.stop_gradient(actor_logits(ref_params, graphdef, batch))
     seg = batch["segment_ids"]
     lp, _ = token_logprobs(logits, batch["tokens"], seg)
     mask = trained_mask(batch["gen_mask"], seg)
