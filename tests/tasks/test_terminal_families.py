@@ -4,6 +4,7 @@ persistent session, the partial ones do not, and the same commands as separate e
 from __future__ import annotations
 
 import collections
+import time
 
 import pytest
 
@@ -104,8 +105,19 @@ def test_without_a_session_the_reference_fails(family, seed):
 def test_job_left_running_or_answers_piped_fail():
     task = make_task("interrupt_and_redo", 5)
     flag = hidden_values(task)[0]
-    # backgrounded instead of interrupted: the rerun finds the lock held, nothing is written
-    r = attempt(task, ["./job.sh &\n", f"./job.sh {flag}\n"])
+    # backgrounded instead of interrupted: the rerun finds the lock held, nothing is written.
+    # The rerun is typed only once the background job says it waits (it holds job.lock by
+    # then); typed at once, on a loaded machine, the rerun could take the lock first.
+    with open_task_sandbox(task, BACKEND, allow_plain=ALLOW_PLAIN) as sb, \
+            sb.open_session() as term:
+        seen = term.run("./job.sh &\n", WAIT_S).text
+        deadline = time.monotonic() + 30
+        while "waiting for lock" not in seen and time.monotonic() < deadline:
+            term.wait(0.5)
+            seen += term.read().text
+        assert "waiting for lock" in seen, seen
+        term.run(f"./job.sh {flag}\n", WAIT_S)
+        r = verify(task, sb, mode="shared")
     assert r.S == 0 and r.P == 0, r.ctrf
     task = make_task("interactive_prompt", 5)
     r = attempt(task, [f"printf 'y\\n{hidden_values(task)[0]}\\n' | ./setup.sh\n"])
