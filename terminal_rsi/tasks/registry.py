@@ -15,7 +15,10 @@ Suites:
 * a directory path: Terminal-Bench / Harbor task directories below it (split ``all``).
 
 For the procedural suites (`PROCEDURAL_SUITES`), `n_per_family=None` iterates forever (round-robin
-over families, increasing seeds); an int gives that many instances per family.
+over families, increasing seeds); an int gives that many instances per family. The
+``validation`` split with an int takes each family's seeds round-robin over its variants
+(`Instance.variant`, e.g. find_tree's extension; `validation_seeds`), so model selection
+sees every form a family takes, not only the forms its first seeds happen to draw.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from terminal_rsi.tasks.harbor import load_task_dirs
 from terminal_rsi.tasks.spec import Task
 
 SPLITS = ("train", "validation", "test", "heldout_families", "all")
+# `validation_seeds` looks for variants among this many validation seeds per instance asked for
+VARIANT_SCAN = 8
 # the procedural suites: (every family, the families training never sees)
 PROCEDURAL_SUITES = {
     "builtin": (b.FAMILIES, b.HELDOUT_FAMILIES),
@@ -64,6 +69,9 @@ def get_suite(name: str, split: str = "train", *, n_per_family: int | None = Non
                 raise ValueError(f"families {sorted(unknown)} are not in split {split!r}: "
                                  f"{list(fams)}")
             fams = tuple(f for f in fams if f in families)
+        if split == "validation" and n_per_family is not None:
+            return _seeded_iter(fams, {f: validation_seeds(f, n_per_family, start_seed)
+                                       for f in fams})
         return _builtin_iter(fams, keep, n_per_family, start_seed, b.make_task)
     if os.path.isdir(name):
         if split != "all":
@@ -82,6 +90,30 @@ def pool_tasks(pool, split: str, n_per_family: int | None,
     if not tasks:
         raise error(f"no tasks in suite {pool.suite!r} split {split!r}; check config.tasks")
     return tasks
+
+
+def validation_seeds(family: str, n: int, start_seed: int = 0) -> list[int]:
+    """`n` validation seeds of built-in `family`, taken round-robin over its variants in the
+    order they first appear (each variant's seeds in increasing order) among its first
+    `VARIANT_SCAN * n` validation seeds from `start_seed`. A family with one form gets its
+    first `n` validation seeds."""
+    by_variant: dict[str, list[int]] = {}
+    seed, seen = start_seed, 0
+    while seen < VARIANT_SCAN * n:
+        if b.validation_seed(family, seed):
+            by_variant.setdefault(b.instance(family, seed).variant, []).append(seed)
+            seen += 1
+        seed += 1
+    rounds = itertools.zip_longest(*by_variant.values())
+    return [s for r in rounds for s in r if s is not None][:n]
+
+
+def _seeded_iter(fams, seeds: dict[str, list[int]]) -> Iterator[Task]:
+    """The tasks of the given seeds per family, round-robin over families."""
+    for i in range(max(map(len, seeds.values()), default=0)):
+        for f in fams:
+            if i < len(seeds[f]):
+                yield b.make_task(f, seeds[f][i])
 
 
 def _builtin_iter(fams, keep, n_per_family, start_seed, make_task) -> Iterator[Task]:

@@ -38,6 +38,10 @@ class Instance:
     outputs: tuple[str, ...] = ()  # paths (or "dir/" prefixes) the agent may create
     mutable: tuple[str, ...] = ()  # seeded paths the agent may change or remove
     hidden: tuple[str, ...] = ()  # values the agent must read in the sandbox (multi-turn)
+    # the discrete form the family takes in this instance, when its forms ask for different
+    # commands (find_tree's extension); "" when it has one form. The validation split covers
+    # every variant (`tasks.registry`).
+    variant: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

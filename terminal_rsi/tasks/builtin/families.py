@@ -188,6 +188,7 @@ def gen_find_tree(rng: random.Random) -> Instance:
         partial=[f"find tree -type f -name '*.{ext}' | sort | head -1 > found.txt"],
         checks=checks,
         outputs=("found.txt",),
+        variant=f".{ext}",
     )
 
 
@@ -295,6 +296,7 @@ def gen_config_edit(rng: random.Random) -> Instance:
         partial=[f"sed -i 's/^{first}=.*/{first}={changes[first]}/' app.conf"],
         checks=checks,
         mutable=("app.conf",),
+        variant=f"{k_change} keys",
     )
 
 
