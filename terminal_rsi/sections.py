@@ -15,6 +15,7 @@ from terminal_rsi.settings import Section, setting
 # how an episode's commands reach the sandbox (`agent.HarnessConfig.terminal`) and where its
 # verifier may be made to run (`agent.HarnessConfig.verify_mode`)
 TERMINALS = ("exec", "session")
+ACTION_FORMATS = ("json", "xml", "bash")  # terminal_rsi.agent.formats
 VERIFY_MODES = ("shared", "separate")
 
 
@@ -152,6 +153,10 @@ class Harness(Section):
                                            lo=1)
     temperature: float = setting(1.0, "sampling temperature", lo=0.0)
     system_prompt: str | None = setting(None, "system prompt (None: the harness default)")
+    action_format: str = setting("json", "how a reply writes its action: 'json' (Terminus "
+                                 "JSON), 'xml' (Terminus XML) or 'bash' (one fenced bash "
+                                 "block, a TASK COMPLETE line); the default system prompt "
+                                 "follows it (docs/agent.md)", choices=ACTION_FORMATS)
     terminal: str = setting("exec", "how commands run: 'exec' (one fresh `bash -c` per "
                             "command) or 'session' (typed into one persistent tmux terminal "
                             "per episode, Terminus semantics; docs/sandbox.md)",

@@ -1,9 +1,12 @@
-"""Structured JSON actions and observation formatting (paper §3.1, Appendix A).
+"""Structured JSON actions and observation formatting (paper §3.1, Appendix A). The JSON
+schema below is the default action format; `terminal_rsi.agent.formats` adds Terminus XML
+and a fenced bash block, built from the same `Action` and bounds.
 
 Action schema (one JSON object per assistant turn)::
 
     {
       "analysis": "what I see and what I will do",          # string, optional
+      "plan": "the next steps",                              # string, optional (Terminus)
       "commands": [                                          # list, optional (default [])
         {"keystrokes": "ls -la", "timeout": 10},             # "cmd"/"command" are aliases
         ...
@@ -42,7 +45,7 @@ from terminal_rsi.sandbox.terminal import SessionOutput
 
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 COMMAND_KEYS = ("keystrokes", "cmd", "command")
-ACTION_KEYS = ("analysis", "commands", "task_complete")
+ACTION_KEYS = ("analysis", "plan", "commands", "task_complete")
 
 # Bounds on one reply (see the module doc). An action nests 3 levels (object, commands list,
 # command object): MAX_JSON_DEPTH leaves room for prose braces around it.
@@ -98,17 +101,23 @@ class RejectedCommand:
 
 @dataclasses.dataclass(frozen=True)
 class Action:
+    """One reply's action, whatever format it came in (`terminal_rsi.agent.formats`).
+    analysis and plan are free text (Terminus's fields; the harness runs only commands)."""
+
     analysis: str = ""
     commands: tuple[Command, ...] = ()
     task_complete: bool = False
+    plan: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({
-            "analysis": self.analysis,
-            "commands": [{"keystrokes": c.keystrokes, "timeout": c.timeout}
-                         for c in self.commands],
-            "task_complete": self.task_complete,
-        })
+        """The action in the JSON schema (`plan` only when set)."""
+        obj: dict[str, Any] = {"analysis": self.analysis}
+        if self.plan:
+            obj["plan"] = self.plan
+        obj["commands"] = [{"keystrokes": c.keystrokes, "timeout": c.timeout}
+                           for c in self.commands]
+        obj["task_complete"] = self.task_complete
+        return json.dumps(obj)
 
 
 def _show(value: Any, limit: int = 60) -> str:
@@ -196,16 +205,50 @@ def _command(i: int, c: Any) -> Command:
     if len(keys) != 1 or not isinstance(c[keys[0]], str):
         raise ActionParseError(f'commands[{i}] needs exactly one string "keystrokes" '
                                f"field, got fields {sorted(c)[:10]}")
-    keystrokes = c[keys[0]]
+    return checked_command(f"commands[{i}].{keys[0]}", f"commands[{i}].timeout", c[keys[0]],
+                           c.get("timeout", c.get("duration", DEFAULT_COMMAND_TIMEOUT_S)))
+
+
+def checked_command(where: str, timeout_where: str, keystrokes: str, timeout: Any) -> Command:
+    """A `Command` once its keystrokes and timeout are within the module doc's bounds (the
+    timeout clipped to `MAX_COMMAND_TIMEOUT_S`); else ActionParseError naming `where` /
+    `timeout_where` (how the reply's format calls the two fields). Every action format
+    builds its commands with it."""
     problem = text_problem(keystrokes, MAX_KEYSTROKES_BYTES)
     if problem:
-        raise ActionParseError(f"commands[{i}].{keys[0]} {problem}")
-    t = c.get("timeout", c.get("duration", DEFAULT_COMMAND_TIMEOUT_S))
+        raise ActionParseError(f"{where} {problem}")
+    t = timeout
     if (isinstance(t, bool) or not isinstance(t, int | float)
             or isinstance(t, float) and not math.isfinite(t) or not t > 0):
-        raise ActionParseError(f'commands[{i}].timeout must be a positive, finite number of '
+        raise ActionParseError(f"{timeout_where} must be a positive, finite number of "
                                f"seconds, got {_show(t)}")
     return Command(keystrokes, float(min(t, MAX_COMMAND_TIMEOUT_S)))
+
+
+def check_command_count(n: int) -> None:
+    """ActionParseError when one reply holds more than `MAX_COMMANDS` commands."""
+    if n > MAX_COMMANDS:
+        raise ActionParseError(f"the reply holds {n} commands; an action may hold at most "
+                               f"{MAX_COMMANDS} (send the rest in the next turn)")
+
+
+def check_reply_text(text: Any, schema: str) -> None:
+    """ActionParseError unless `text` is a string of at most `MAX_ACTION_CHARS` characters;
+    `schema` (the format's instructions) ends the message."""
+    if not isinstance(text, str):
+        raise ActionParseError(f"the reply must be text, got {type(text).__name__}")
+    if len(text) > MAX_ACTION_CHARS:
+        raise ActionParseError(f"the reply is {len(text)} characters; an action may be at most "
+                               f"{MAX_ACTION_CHARS}. {schema}")
+
+
+def check_text_field(name: str, value: str) -> None:
+    """ActionParseError when a free-text field holds a lone surrogate (not valid Unicode)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ActionParseError(f"{name} holds a lone surrogate (an escape like \\ud800 that "
+                               "is not valid Unicode text)") from None
 
 
 def parse_action(text: str) -> Action:
@@ -215,35 +258,29 @@ def parse_action(text: str) -> Action:
       ActionParseError (and nothing else, for any input): no JSON object, wrong field types,
       unknown fields, or a bound of the module doc exceeded.
     """
-    if not isinstance(text, str):
-        raise ActionParseError(f"the reply must be text, got {type(text).__name__}")
-    if len(text) > MAX_ACTION_CHARS:
-        raise ActionParseError(f"the reply is {len(text)} characters; an action may be at most "
-                               f"{MAX_ACTION_CHARS}. {SCHEMA_TEXT}")
+    check_reply_text(text, SCHEMA_TEXT)
     _check_nesting(text)
     obj = _first_json_object(text)
     unknown = sorted(set(obj) - set(ACTION_KEYS))
     if unknown:
         raise ActionParseError(f"unknown field(s) {[k[:40] for k in unknown[:10]]} in the "
                                f"action; allowed: {list(ACTION_KEYS)}. {SCHEMA_TEXT}")
-    analysis = obj.get("analysis", "")
-    if not isinstance(analysis, str):
-        raise ActionParseError(f'"analysis" must be a string, got {type(analysis).__name__}')
-    try:
-        analysis.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ActionParseError('"analysis" holds a lone surrogate (an escape like \\ud800 that '
-                               "is not valid Unicode text)") from None
+    notes = {}
+    for name in ("analysis", "plan"):
+        value = obj.get(name, "")
+        if not isinstance(value, str):
+            raise ActionParseError(f'"{name}" must be a string, got {type(value).__name__}')
+        check_text_field(f'"{name}"', value)
+        notes[name] = value
     done = obj.get("task_complete", False)
     if not isinstance(done, bool):
         raise ActionParseError(f'"task_complete" must be true or false, got {_show(done)}')
     raw = obj.get("commands", [])
     if not isinstance(raw, list):
         raise ActionParseError(f'"commands" must be a list, got {type(raw).__name__}')
-    if len(raw) > MAX_COMMANDS:
-        raise ActionParseError(f'"commands" holds {len(raw)} commands; an action may hold at '
-                               f"most {MAX_COMMANDS} (send the rest in the next turn)")
-    return Action(analysis, tuple(_command(i, c) for i, c in enumerate(raw)), done)
+    check_command_count(len(raw))
+    return Action(notes["analysis"], tuple(_command(i, c) for i, c in enumerate(raw)), done,
+                  plan=notes["plan"])
 
 
 def cap_text(text: str, max_chars: int) -> str:

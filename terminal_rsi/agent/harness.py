@@ -6,8 +6,9 @@
 One episode: start the task's sandbox (seeded workspace), render the prompt (system
 instructions + hints + the public instruction) with the tokenizer's chat template, then
 turn by turn: the policy samples a reply (token-in/token-out: sampled ids are appended to
-the context as sampled, never re-tokenized), the reply is parsed as a JSON action
-(`terminal_rsi.agent.actions`), its commands run in the sandbox, and the capped
+the context as sampled, never re-tokenized), the reply is parsed as an action in the
+harness's format (`action_format`: Terminus JSON, Terminus XML or a fenced bash block,
+`terminal_rsi.agent.formats`), its commands run in the sandbox, and the capped
 observation is appended as an observation message (linear history). The episode ends when
 the agent declares completion or a budget is hit; the protected verifier then runs
 (`terminal_rsi.tasks.verify`) and its report is recorded (`Trajectory.report`, S, P, N). The
@@ -24,7 +25,7 @@ history; the next turn starts a new segment whose prompt is rendered afresh from
 
 A `Policy` is anything with `generate(requests) -> outputs`: `SamplerPolicy` (the
 jitted KV-cache sampler), `ScriptedPolicy` (fixed texts, for tests) and `ReferencePolicy`
-(emits the task's reference solution as JSON actions).
+(emits the task's reference solution as actions in the harness's format).
 """
 
 from __future__ import annotations
@@ -41,32 +42,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.agent.actions import (
-    SCHEMA_TEXT,
-    SESSION_SCHEMA_TEXT,
     Action,
     ActionParseError,
     Command,
     RejectedCommand,
     cap_text,
     format_observation,
-    parse_action,
 )
+from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
 from terminal_rsi.sandbox.terminal import SessionOutput, session_keystrokes
-from terminal_rsi.sections import TERMINALS, VERIFY_MODES
+from terminal_rsi.sections import ACTION_FORMATS, TERMINALS, VERIFY_MODES
 from terminal_rsi.tasks.spec import SESSION_SOLUTION_WAIT_S, EnvironmentUnavailable
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
 from terminal_rsi.tasks.verify import verify as verify_task
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are an autonomous agent working in a Linux shell. Solve the task by running "
-    "commands. " + SCHEMA_TEXT
-)
-SESSION_SYSTEM_PROMPT = (
-    "You are an autonomous agent working in a Linux terminal. Solve the task by typing "
-    "commands. " + SESSION_SCHEMA_TEXT
-)
+DEFAULT_SYSTEM_PROMPT = get_format("json").system_prompt("exec")
+SESSION_SYSTEM_PROMPT = get_format("json").system_prompt("session")
 
 SUMMARY_REQUEST = (
     "Summarize the work so far for a fresh context: what the task needs, what you ran, what "
@@ -112,6 +105,9 @@ class HarnessConfig:
       observation is the terminal's new output, a command still running at its timeout keeps
       running and the agent is told so; the session and all it started end when the episode
       does (after verification). The default system prompt follows the mode.
+    action_format: how a reply writes its action ("json", "xml" or "bash",
+      `terminal_rsi.agent.formats`); the default system prompt follows it, and each
+      trajectory records it (`meta["action_format"]`).
     verify_mode: where the verifier runs. None (default): in session mode "shared", the
       environment the agent left with whatever it left running (Terminal-Bench semantics);
       in exec mode the task's own mode. "shared" or "separate" (the protected fresh sandbox,
@@ -142,6 +138,7 @@ class HarnessConfig:
     terminal: str = "exec"
     verify_mode: str | None = None
     private_guidance: str = ""
+    action_format: str = "json"
 
     def __post_init__(self):
         for f in ("max_output_tokens", "max_input_tokens", "max_turns",
@@ -155,16 +152,24 @@ class HarnessConfig:
         if self.terminal not in TERMINALS:
             raise ValueError(f"HarnessConfig.terminal must be one of {TERMINALS}, got "
                              f"{self.terminal!r}")
+        if self.action_format not in ACTION_FORMATS:
+            raise ValueError(f"HarnessConfig.action_format must be one of {ACTION_FORMATS}, "
+                             f"got {self.action_format!r}")
         if self.verify_mode is not None and self.verify_mode not in VERIFY_MODES:
             raise ValueError(f"HarnessConfig.verify_mode must be None or one of "
                              f"{VERIFY_MODES}, got {self.verify_mode!r}")
 
     @property
     def system_text(self) -> str:
-        """The system prompt: the configured one, or the default of the terminal mode."""
-        if self.terminal == "session" and self.system_prompt == DEFAULT_SYSTEM_PROMPT:
-            return SESSION_SYSTEM_PROMPT
+        """The system prompt: the configured one, or the default of the action format and
+        terminal mode."""
+        if self.system_prompt == DEFAULT_SYSTEM_PROMPT:
+            return get_format(self.action_format).system_prompt(self.terminal)
         return self.system_prompt
+
+    def parse(self, text: str) -> Action:
+        """The action of a reply in this harness's format (ActionParseError if none)."""
+        return get_format(self.action_format).parse(text, self.terminal)
 
     def verifier_mode(self, task) -> str:
         """Where `task` is verified after an episode (see `verify_mode`)."""
@@ -194,7 +199,7 @@ class HarnessConfig:
 # _NULLABLE ones, where it means off / the task's)
 CONFIG_FIELDS = ("name", "max_turns", "max_output_tokens", "max_input_tokens",
                  "summarize_threshold", "agent_timeout_s", "max_observation_chars",
-                 "max_parse_errors", "terminal", "verify_mode")
+                 "max_parse_errors", "terminal", "verify_mode", "action_format")
 _NULLABLE = ("summarize_threshold", "agent_timeout_s", "max_parse_errors", "verify_mode")
 
 
@@ -335,8 +340,8 @@ class ScriptedPolicy:
         return out
 
 
-def reference_action(task, turn: int, terminal: str = "exec") -> str:
-    """The task's reference solution turn `turn` as a JSON action (the last one declares
+def reference_step(task, turn: int, terminal: str = "exec") -> Action:
+    """The task's reference solution turn `turn` as an `Action` (the last one declares
     completion; past the end: an empty completing action). For a `terminal` "session"
     harness each command is typed and run (`session_keystrokes`), waiting up to
     `SESSION_SOLUTION_WAIT_S`."""
@@ -348,19 +353,28 @@ def reference_action(task, turn: int, terminal: str = "exec") -> str:
     else:
         cmds = tuple(Command(c, float(min(task.agent_timeout_s, 120.0))) for c in steps)
     return Action(f"reference step {turn + 1} of {len(sol)}", cmds,
-                  task_complete=turn >= len(sol) - 1).to_json()
+                  task_complete=turn >= len(sol) - 1)
+
+
+def reference_action(task, turn: int, terminal: str = "exec", action_format: str = "json",
+                     compact: bool = False) -> str:
+    """`reference_step` written in `action_format` (`compact`: without the free text and
+    default fields, `ActionFormat.render`)."""
+    return get_format(action_format).render(reference_step(task, turn, terminal), terminal,
+                                            compact)
 
 
 class ReferencePolicy(ScriptedPolicy):
-    """Emits the reference solution of `request.task` as JSON actions (tests: S = 1 through
-    the whole harness), typed for `terminal` ("exec" or "session", the harness's mode).
-    Summaries are a fixed sentence."""
+    """Emits the reference solution of `request.task` as actions (tests: S = 1 through the
+    whole harness), typed for `terminal` ("exec" or "session", the harness's mode) and
+    written in `action_format`. Summaries are a fixed sentence."""
 
-    def __init__(self, tokenizer, version: int = 0, terminal: str = "exec"):
+    def __init__(self, tokenizer, version: int = 0, terminal: str = "exec",
+                 action_format: str = "json"):
         def script(r: GenerationRequest) -> str:
             if r.purpose == "summary":
                 return "Summary: following the reference steps."
-            return reference_action(r.task, r.turn, terminal)
+            return reference_action(r.task, r.turn, terminal, action_format)
 
         super().__init__(tokenizer, script, version)
 
@@ -470,7 +484,8 @@ def run_episode(task, policy: Policy, sandbox_factory: Callable[[Any], Any] | No
                   else getattr(policy, "version", 0))
     traj = Trajectory(task_id=task.id, family=task.family, harness=harness.name,
                       policy_version=version, episode_id=uuid.uuid4().hex[:12],
-                      timings=timings, meta={"terminal": harness.terminal})
+                      timings=timings, meta={"terminal": harness.terminal,
+                                             "action_format": harness.action_format})
     # the harness's clock, when set, replaces the task's (e.g. a slow CPU model evaluated on
     # tasks timed for an accelerator, configs/eval_smollm2.py); None: the task's
     budget = task.agent_timeout_s if harness.agent_timeout_s is None else harness.agent_timeout_s
@@ -616,7 +631,7 @@ def _parse_reply(text: str, stop_reason: str, harness: HarnessConfig,
     """(the reply's action, "") or, when it does not parse, (None, the note the agent is shown);
     a parse error is recorded on the turn."""
     try:
-        return parse_action(text), ""
+        return harness.parse(text), ""
     except ActionParseError as e:
         rec.parse_error = str(e)
         note = f"ERROR: could not parse your reply as an action: {e}"

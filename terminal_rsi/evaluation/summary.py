@@ -47,7 +47,9 @@ def summarize_suite(tasks: Sequence, runs: Sequence[Sequence], *, divisors=None,
                     pass_ks: Sequence[int] | None = None) -> dict:
     """The C5 `eval.<suite>` dict: k, num_tasks, mean_at_k, pass_at_k {"1": .., "k": ..},
     run_success (per run), process_reward vs strict_success, per_family, strata,
-    explained_variance, episodes/missing counts, trajectories path."""
+    explained_variance, episodes/missing counts, trajectories path, the action format the
+    episodes' replies were parsed in and the fraction of replies that held no action
+    (`unparsed_replies`)."""
     divisors = divisors if divisors is not None else FamilyDivisors()
     k, n_tasks = len(runs), len(tasks)
     succ = success_matrix(runs, n_tasks)
@@ -59,6 +61,8 @@ def summarize_suite(tasks: Sequence, runs: Sequence[Sequence], *, divisors=None,
     fdr = np.zeros_like(succ)
     spr = np.zeros_like(succ)
     turns = []
+    replies = [t for _, traj in eps for t in traj.turns]
+    formats = sorted({str(traj.meta.get("action_format", "json")) for _, traj in eps})
     for r, run in enumerate(runs):
         for t, traj in enumerate(run):
             if traj is None:
@@ -94,6 +98,9 @@ def summarize_suite(tasks: Sequence, runs: Sequence[Sequence], *, divisors=None,
         "fdr": float(fdr.mean()) if n_tasks else None,
         "spr": float(spr.mean()) if n_tasks else None,
         "mean_turns": float(np.mean(turns)) if turns else None,
+        "action_format": ",".join(formats) or None,
+        "unparsed_replies": (sum(bool(t.parse_error) for t in replies) / len(replies)
+                             if replies else None),
         "explained_variance": (_finite(explained_variance)
                                if explained_variance is not None else None),
         "per_family": per_family,

@@ -20,7 +20,7 @@ import ml_collections
 from terminal_rsi.configuration import schema_of
 from terminal_rsi.pipeline.graph import BASES, STAGES
 from terminal_rsi.pipeline.scales import SCALES
-from terminal_rsi.sections import TERMINALS, Seeded, TaskPool
+from terminal_rsi.sections import ACTION_FORMATS, TERMINALS, Seeded, TaskPool
 from terminal_rsi.settings import Section, Setting, setting
 
 MODELS = ("tiny", "smollm2_135m")
@@ -64,6 +64,10 @@ class PipelineHarness(Section):
                                    "'session' (a persistent tmux terminal per episode; None: "
                                    "the stage configs' default, exec)",
                                    choices=TERMINALS)
+    action_format: str | None = setting(None, "how every stage's replies write actions: "
+                                        "'json', 'xml' or 'bash' (None: the stage configs' "
+                                        "default, json); trained, rewritten and evaluated "
+                                        "alike", choices=ACTION_FORMATS)
 
 
 @dataclasses.dataclass(frozen=True)

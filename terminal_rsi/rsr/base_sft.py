@@ -66,7 +66,8 @@ def runbook_for_task(task):
 def render_demonstrations(config, tasks, tokenizer, rng) -> tuple[list, dict]:
     """Reference demonstrations under H0, plus runbook-conditioned ones (module doc)."""
     h0 = cm.harness_from_config(config)
-    pol = cm.demo_policy(tokenizer, config.harness.action_style, config.harness.terminal)
+    pol = cm.demo_policy(tokenizer, config.harness.action_style, config.harness.terminal,
+                         config.harness.action_format)
     c = config.rollout.concurrency
     sandbox = cm.task_sandbox(config)
     plain = cm.collect(pol, h0, tasks, c, sandbox)

@@ -22,8 +22,8 @@ from terminal_rsi.agent import (
     SamplerPolicy,
     ScriptedPolicy,
     reference_action,
-    session_keystrokes,
 )
+from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.harness import run_episode
 from terminal_rsi.agent.scheduler import BatchingPolicy
 from terminal_rsi.atomic import atomic_write_text
@@ -34,8 +34,7 @@ from terminal_rsi.sampling import Buckets, Sampler
 from terminal_rsi.tasks import task_sandbox_factory
 from terminal_rsi.train_state import OptimizerConfig, create_train_state, make_optimizer
 
-SHORT_SYSTEM_PROMPT = ('Solve the task in a Linux shell. Reply with one JSON action: '
-                       '{"commands":["<shell command>"],"task_complete":true}')
+SHORT_SYSTEM_PROMPT = get_format("json").short_prompt("exec")
 
 
 class StageError(RuntimeError):
@@ -53,28 +52,24 @@ def task_sandbox(config):
     return task_sandbox_factory(config.tasks)
 
 
-def demo_action(task, turn: int, style: str = "compact", terminal: str = "exec") -> str:
-    """The reference solution's turn `turn` as a JSON action (the last turn declares
-    completion). compact: {"commands":["..."],"task_complete":b}; full: the harness's
-    `reference_action` (analysis, keystrokes, timeout). For a "session" `terminal` each
-    command is typed to run (`session_keystrokes`: a trailing newline)."""
-    if style == "full":
-        return reference_action(task, turn, terminal)
-    sol = task.solution
-    cmds = list(sol[turn]) if turn < len(sol) else []
-    if terminal == "session":
-        cmds = [session_keystrokes(c) for c in cmds]
-    return json.dumps({"commands": cmds, "task_complete": turn >= len(sol) - 1},
-                      separators=(",", ":"))
+def demo_action(task, turn: int, style: str = "compact", terminal: str = "exec",
+                action_format: str = "json") -> str:
+    """The reference solution's turn `turn` as an action in `action_format` (the last turn
+    declares completion): `reference_action`, compact (commands and task_complete only,
+    e.g. {"commands":["..."],"task_complete":b}) or full (analysis, keystrokes, timeout).
+    For a "session" `terminal` each command is typed to run (`session_keystrokes`: a
+    trailing newline)."""
+    return reference_action(task, turn, terminal, action_format, compact=style == "compact")
 
 
-def demo_policy(tokenizer, style: str = "compact", terminal: str = "exec"):
+def demo_policy(tokenizer, style: str = "compact", terminal: str = "exec",
+                action_format: str = "json"):
     """A `ScriptedPolicy` emitting each task's reference solution (`demo_action`); it is
     also the external discovery policy of the tiny default."""
     def script(r):
         if r.purpose == "summary":
             return "Summary: following the reference steps."
-        return demo_action(r.task, r.turn, style, terminal)
+        return demo_action(r.task, r.turn, style, terminal, action_format)
 
     return ScriptedPolicy(tokenizer, script)
 

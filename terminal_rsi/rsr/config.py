@@ -29,9 +29,10 @@ AGGREGATIONS = ("sequence_sum", "token_mean", "sample_mean")
 class TargetHarness(Harness):
     """The target harness H0 (the one the stage's actor is trained for)."""
 
-    action_style: str = setting("compact", "JSON action style of demonstrations and external "
-                                "policies: compact ({\"commands\":[...]}) or full (analysis, "
-                                "keystrokes, timeout)", choices=("compact", "full"))
+    action_style: str = setting("compact", "style of demonstrations and external policies' "
+                                "actions (in harness.action_format): compact (commands and "
+                                "completion only, e.g. {\"commands\":[...]}) or full "
+                                "(analysis, keystrokes, timeout)", choices=("compact", "full"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from terminal_rsi.agent.actions import ActionParseError, parse_action
+from terminal_rsi.agent.actions import ActionParseError
+from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.harness import safe_decode
 from terminal_rsi.rsr.common import collect
 from terminal_rsi.rsr.runbook import ExecutedCommand
@@ -116,11 +117,12 @@ def executed_commands(traj, tokenizer) -> list[ExecutedCommand]:
     if traj.meta.get("terminal") == "session":
         return session_commands(traj)
     out: list[ExecutedCommand] = []
+    fmt = get_format(traj.meta.get("action_format", "json"))
     for ti, turn in enumerate(traj.turns):
         if turn.parse_error:
             continue
         try:
-            action = parse_action(safe_decode(tokenizer, turn.sampled_ids))
+            action = fmt.parse(safe_decode(tokenizer, turn.sampled_ids))
         except ActionParseError:
             continue
         obs = _observation_text(tokenizer, turn.observation_ids) if turn.observation_ids \

@@ -121,7 +121,7 @@ def discovery_variants(config, actor_policy, tokenizer) -> list:
                 max_input_tokens=h0.max_input_tokens * f), actor_policy))
         elif name == "external":
             demos = cm.demo_policy(tokenizer, config.harness.action_style,
-                                   config.harness.terminal)
+                                   config.harness.terminal, config.harness.action_format)
             out.append(DiscoveryVariant(name, dataclasses.replace(h0, name="external"), demos,
                                         external=True))
         else:
