@@ -7,6 +7,7 @@ import os
 import pytest
 
 from configs.rpr2_spr import get_config
+from terminal_rsi.agent.formats import get_format
 from terminal_rsi.configuration import ConfigError, flatten, validate_config
 from terminal_rsi.pipeline import graph as G
 from terminal_rsi.pipeline import ledger as L
@@ -71,6 +72,20 @@ def test_max_parse_errors_reaches_every_episode_stage_and_eval(tmp_path):
     p = Pipeline(resolved(c), str(tmp_path / "b"))
     assert all(p.stage_config(n).harness.max_parse_errors is None for n in stages)
     assert p.eval_base_config().harness.max_parse_errors is None
+
+
+@pytest.mark.parametrize("terminal", ["exec", "session"])
+def test_action_format_reaches_every_stage_with_its_short_prompt(tmp_path, terminal):
+    c = get_config()  # the default scale: the short one-line prompt
+    c.harness.action_format, c.harness.terminal = "bash", terminal
+    validate_config(c, SCHEMA)
+    p = Pipeline(resolved(c), str(tmp_path / terminal))
+    want = get_format("bash").short_prompt(terminal)
+    for n in ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_spr"):
+        h = p.stage_config(n).harness
+        assert (h.action_format, h.system_prompt, h.terminal) == ("bash", want, terminal), n
+    assert p.eval_base_config().harness.action_format == "bash"
+    assert p.eval_base_config().harness.system_prompt == want
 
 
 def test_config_hash_invalidates_downstream_only(tmp_path):
