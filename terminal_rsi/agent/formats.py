@@ -120,6 +120,15 @@ def _command(where: str, timeout_where: str, keystrokes: str, timeout: object,
         raise _fail(str(e), schema) from None
 
 
+def _finite_or_text(text: str) -> float | str:
+    """`text` as a finite float, else `text` itself (`checked_command` then names it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
+
+
 def _seconds(value: float) -> str:
     return f"{value:g}"
 
@@ -242,14 +251,8 @@ class XMLFormat(ActionFormat):
             if unknown:
                 raise _fail(f"<keystrokes> #{i + 1} has unknown attribute(s) {unknown[:5]}; "
                             "only duration is allowed", schema)
-            timeout: object = DEFAULT_COMMAND_TIMEOUT_S
-            if "duration" in attrs:
-                try:
-                    timeout = float(attrs["duration"])
-                except ValueError:
-                    timeout = attrs["duration"]
-                if isinstance(timeout, float) and not math.isfinite(timeout):
-                    timeout = attrs["duration"]
+            raw = attrs.get("duration")
+            timeout = DEFAULT_COMMAND_TIMEOUT_S if raw is None else _finite_or_text(raw)
             out.append(_command(f"<keystrokes> #{i + 1}", f"<keystrokes> #{i + 1} duration",
                                 m.group("keys"), timeout, schema))
         stray = body[pos:].strip()
@@ -329,8 +332,9 @@ class BashFormat(ActionFormat):
                 raise _fail("a ``` line that closes the block must hold nothing else", schema)
             block = text[open_.end():close.start()].strip("\n")
             outside = text[:open_.start()] + text[close.end():]
-        rest = [ln for ln in outside.splitlines() if ln.strip() != COMPLETE_LINE]
-        done = len(rest) < len(outside.splitlines())
+        lines = outside.splitlines()
+        rest = [ln for ln in lines if ln.strip() != COMPLETE_LINE]
+        done = len(rest) < len(lines)
         if block is None and not done:
             raise _fail(f"the reply holds no ```bash block and no {COMPLETE_LINE} line", schema)
         analysis = "\n".join(rest).strip()
@@ -375,6 +379,9 @@ class BashFormat(ActionFormat):
 
 
 FORMATS: dict[str, ActionFormat] = {f.name: f for f in (JSONFormat(), XMLFormat(), BashFormat())}
+# the tiny scale's one-line prompt (JSON, exec), which `pipeline.resolve` rewrites into the
+# run's format and terminal
+SHORT_SYSTEM_PROMPT = FORMATS["json"].short_prompt("exec")
 
 
 def get_format(name: str) -> ActionFormat:
@@ -385,5 +392,5 @@ def get_format(name: str) -> ActionFormat:
     return fmt
 
 
-__all__ = ["ACTION_FORMATS", "COMPLETE_LINE", "FORMATS", "ActionFormat", "BashFormat",
-           "JSONFormat", "XMLFormat", "get_format"]
+__all__ = ["ACTION_FORMATS", "COMPLETE_LINE", "FORMATS", "SHORT_SYSTEM_PROMPT", "ActionFormat",
+           "BashFormat", "JSONFormat", "XMLFormat", "get_format"]

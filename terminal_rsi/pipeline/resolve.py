@@ -29,12 +29,11 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from terminal_rsi import registry
-from terminal_rsi.agent.formats import get_format
+from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT, get_format
 from terminal_rsi.configuration import ConfigError, flatten
 from terminal_rsi.models.source import check_model_source
 from terminal_rsi.pipeline.config import ModelDims
 from terminal_rsi.pipeline.graph import BASES, RPR1, STAGES, StageSpec
-from terminal_rsi.pipeline.scales import SHORT_SYSTEM_PROMPT
 from terminal_rsi.settings import SettingError, specs
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]

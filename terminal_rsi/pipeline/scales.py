@@ -17,7 +17,7 @@ have are skipped (so a preset can carry settings for every experiment); the user
 
 from __future__ import annotations
 
-from terminal_rsi.agent.formats import get_format
+from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT
 from terminal_rsi.configuration import ConfigError
 
 # the tiny default's families and harness follow configs/base_sft.py (branch rsr): single-turn
@@ -25,9 +25,6 @@ from terminal_rsi.configuration import ConfigError
 TINY_FAMILIES = ("create_file", "edit_replace", "count_lines", "sort_uniq", "find_tree",
                  "csv_filter", "permissions", "batch_rename", "log_pipeline", "hint_lookup")
 HELDOUT_FAMILIES = ("column_sum", "archive", "dir_hunt")
-# the short prompt of the tiny scale (a one-line example; `harness_settings` swaps in the
-# same prompt of the run's action format and terminal)
-SHORT_SYSTEM_PROMPT = get_format("json").short_prompt("exec")
 TINY_DIMS = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32,
              "d_ff": 384, "max_seq_len": 2048}
 # temperature 0.6 (the evaluation temperature) for every rollout: at 1.0 most samples of the

@@ -23,7 +23,6 @@ from terminal_rsi.agent import (
     ScriptedPolicy,
     reference_action,
 )
-from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.harness import run_episode
 from terminal_rsi.agent.scheduler import BatchingPolicy
 from terminal_rsi.atomic import atomic_write_text
@@ -33,8 +32,6 @@ from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.sampling import Buckets, Sampler
 from terminal_rsi.tasks import task_sandbox_factory
 from terminal_rsi.train_state import OptimizerConfig, create_train_state, make_optimizer
-
-SHORT_SYSTEM_PROMPT = get_format("json").short_prompt("exec")
 
 
 class StageError(RuntimeError):
