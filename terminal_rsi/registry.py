@@ -36,6 +36,7 @@ EXPERIMENTS: dict[str, str] = {
     "report": "terminal_rsi.experiments.report",
     "rollouts": "terminal_rsi.experiments.rollouts",
     "rescore": "terminal_rsi.experiments.rescore",
+    "export_hf": "terminal_rsi.experiments.export_hf",
     "verify_tasks": "terminal_rsi.experiments.verify_tasks",
     "rpr_phase": "terminal_rsi.rpr.phase",
     "rsr": "terminal_rsi.rsr.stage",

@@ -47,7 +47,7 @@ PLAIN_DOC = ("which tasks may run as plain subprocesses (backend 'local' where b
 
 
 def _dim(name: str) -> str:
-    return f"override of the preset's {name} (None: keep; ignored with model.gguf)"
+    return f"override of the preset's {name} (None: keep; ignored with model.gguf or model.hf)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,10 @@ class ModelSource(Section):
                                "chat template and shape replace the byte tokenizer and the "
                                "preset, and its weights are the initial actor unless "
                                "init.actor_weights is set (None: the byte-level preset)")
+    hf: str | None = setting(None, "Hugging Face model directory (config.json, *.safetensors, "
+                             "tokenizer.json; what `export_hf` writes): like model.gguf, its "
+                             "tokenizer, chat template, shape and weights (None: not used; "
+                             "at most one of model.gguf and model.hf)")
 
 
 @dataclasses.dataclass(frozen=True)

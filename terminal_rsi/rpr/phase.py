@@ -149,8 +149,9 @@ def mesh_shape(config) -> dict[str, int]:
 def initial_states(config, mcfg) -> tuple[TrainState, TrainState]:
     """(actor, critic) TrainStates at the start of a phase. Given weights are restored
     straight into the sharded shapes (`loading.initial_actor_params` / `import_params`: an
-    export, or for the actor the GGUF of `model.gguf`); a phase that starts from a GGUF model
-    without critic weights gets critic_params_from_actor of it; anything else is a random
+    export, or for the actor the pretrained model of `model.gguf` / `model.hf`); a phase that
+    starts from a pretrained model without critic weights gets critic_params_from_actor of
+    it; anything else is a random
     init from the seed, cached per process (the sharded init compiles slowly on CPU) and
     handed out as a copy, since the update steps donate their input state."""
     oa, oc = (OptimizerConfig.from_config(config.actor_opt),
@@ -160,7 +161,7 @@ def initial_states(config, mcfg) -> tuple[TrainState, TrainState]:
     actor_p = initial_actor_params(config, mcfg, mesh=mesh)
     if config.init.critic_weights:
         critic_p = import_params(config.init.critic_weights, "critic", mcfg, mesh=mesh)
-    elif actor_p is not None and config.model.gguf and not config.init.actor_weights:
+    elif actor_p is not None and not config.init.actor_weights:  # a pretrained model
         critic_p = critic_params_from_actor(actor_p)
     else:
         critic_p = None
