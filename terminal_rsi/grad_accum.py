@@ -10,7 +10,7 @@ stats; the applied gradient is Σ ∇total_i / Σ denom_i, exactly the full-batc
 every `Aggregation` (a sample never straddles two microbatches).
 
     grads, parts = accumulate_gradients(parts_fn, state.params, batch, num_microbatches)
-    state = apply_gradients(state, grads)       # one optimizer step of the state's chain
+    state = apply_gradients(state, grads)  # terminal_rsi.train_state: one optimizer step
     step = jit_update(update, (state,), donate=True, n_state_args=1)
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from terminal_rsi import sharding as shd
 from terminal_rsi.losses import LossParts, combine_stats, safe_divide
 from terminal_rsi.train_state import TrainState
+from terminal_rsi.trainable import join, split_trainable
 
 Array = jax.Array
 
@@ -57,14 +57,18 @@ def accumulate_gradients(parts_fn: Callable[[Any, Mapping], LossParts], params,
                          batch: Mapping[str, Array], num_microbatches: int = 1):
     """Σ over microbatches of (∇total, total, denom, stats) via `lax.scan`.
 
-    Returns (grads = Σ∇total / Σdenom, LossParts(Σtotal, Σdenom, combined stats)).
+    Returns (grads = Σ∇total / Σdenom, LossParts(Σtotal, Σdenom, combined stats)); the
+    gradients are of the trainable part of `params` (`terminal_rsi.trainable`: all of it, or
+    with LoRA adapters only they), None at frozen leaves.
     """
 
+    trainable, frozen = split_trainable(params)
+
     def grad_parts(mb):
-        def f(p):
-            parts = parts_fn(p, mb)
+        def f(t):
+            parts = parts_fn(join(t, frozen), mb)
             return parts.total, parts
-        (_, parts), g = jax.value_and_grad(f, has_aux=True)(params)
+        (_, parts), g = jax.value_and_grad(f, has_aux=True)(trainable)
         return g, parts
 
     if num_microbatches == 1:
@@ -72,7 +76,7 @@ def accumulate_gradients(parts_fn: Callable[[Any, Mapping], LossParts], params,
     else:
         mbs = split_microbatches(batch, num_microbatches)
         _, p_shape = jax.eval_shape(grad_parts, jax.tree.map(lambda x: x[0], mbs))
-        init = (jax.tree.map(jnp.zeros_like, params),
+        init = (jax.tree.map(jnp.zeros_like, trainable),
                 LossParts(jnp.zeros(p_shape.total.shape, jnp.float32),
                           jnp.zeros(p_shape.denom.shape, jnp.float32),
                           _identity_stats(p_shape.stats)))
@@ -89,13 +93,6 @@ def accumulate_gradients(parts_fn: Callable[[Any, Mapping], LossParts], params,
     scale = safe_divide(jnp.ones((), jnp.float32), parts.denom)
     grads = jax.tree.map(lambda x: (x * scale).astype(x.dtype), g)
     return grads, parts
-
-
-def apply_gradients(state: TrainState, grads) -> TrainState:
-    """One step of the state's optax chain with `grads`; the step counter advances by one."""
-    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
 def jit_update(fn, states: tuple[TrainState | None, ...], donate: bool, n_state_args: int):

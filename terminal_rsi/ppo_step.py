@@ -20,7 +20,7 @@ import optax
 
 from terminal_rsi.alignment import policy_mask, predictable_mask, trained_mask
 from terminal_rsi.forward import actor_logprobs, critic_values
-from terminal_rsi.grad_accum import BatchError, accumulate_gradients, apply_gradients, jit_update
+from terminal_rsi.grad_accum import BatchError, accumulate_gradients, jit_update
 from terminal_rsi.losses import (
     LossParts,
     PPOConfig,
@@ -29,7 +29,7 @@ from terminal_rsi.losses import (
     finalize_value_stats,
     ppo_policy_loss,
 )
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.train_state import TrainState, apply_gradients
 
 ACTOR_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "old_logprobs", "advantages")
 CRITIC_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "old_values", "returns")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from terminal_rsi.models.config import LORA_TARGETS
 from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
 from terminal_rsi.settings import Section, setting
 
@@ -46,6 +47,13 @@ PLAIN_DOC = ("which tasks may run as plain subprocesses (backend 'local' where b
              "unisolated")
 
 
+def _lora_targets_error(value) -> str | None:
+    bad = [t for t in value if t not in LORA_TARGETS]
+    if bad or not value:
+        return f"choose a non-empty subset of {LORA_TARGETS}, not {tuple(value)!r}"
+    return None
+
+
 def _dim(name: str) -> str:
     return f"override of the preset's {name} (None: keep; ignored with model.gguf or model.hf)"
 
@@ -73,6 +81,14 @@ class ModelSource(Section):
                              "tokenizer.json; what `export_hf` writes): like model.gguf, its "
                              "tokenizer, chat template, shape and weights (None: not used; "
                              "at most one of model.gguf and model.hf)")
+    lora_rank: int = setting(0, "rank of LoRA adapters on the actor's and the critic's "
+                             "projections (terminal_rsi.models.lora); with r > 0 only the "
+                             "adapters and the critic's value head train (0: full fine-tuning)",
+                             lo=0)
+    lora_alpha: float = setting(16.0, "LoRA scale α: an adapter adds (α / r)·x·a·b", lo=1e-6)
+    lora_targets: tuple[str, ...] = setting(LORA_TARGETS, "projections of every layer that get "
+                                            "adapters (of q, k, v, o, gate, up, down)",
+                                            check=_lora_targets_error)
 
 
 @dataclasses.dataclass(frozen=True)

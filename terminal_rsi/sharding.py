@@ -48,6 +48,7 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "mlp": "tensor",
     "head_dim": None,
     "norm": None,
+    "lora": None,  # LoRA adapters (terminal_rsi.models.lora) are small: replicated
 }
 
 # Per-model rule tables (all presets currently use the defaults; override entries here).

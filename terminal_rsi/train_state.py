@@ -10,6 +10,10 @@ are `step(state, batch) -> (state, metrics)`, jitted with the state donated
 The optimizer (paper §2.4 / DESIGN.md): global-norm gradient clipping, then AdamW with
 (β1, β2, ε), decoupled weight decay on matrices only (not norms, biases or the value head
 bias), constant learning rate after an optional linear warm-up.
+
+Params holding LoRA adapters (`terminal_rsi.models.lora`) train only the adapters (and a
+critic's value head): gradients are taken, and optimizer state kept, for that part alone
+(`split_trainable`); the frozen weights pass through every step unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from terminal_rsi import sharding as shd
+from terminal_rsi.trainable import join, split_trainable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +119,10 @@ def create_train_state(model_cls: Callable, model_config, opt_config: OptimizerC
         _, params = shd.init_params(model_cls, model_config, mesh, seed, rules)
     else:
         params = jax.device_put(params, p_sh)
-    o_sh = shd.opt_state_shardings(tx, nnx.to_pure_dict(abstract), p_sh, mesh)
-    opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
+    trainable = split_trainable(params)[0]
+    o_sh = shd.opt_state_shardings(tx, split_trainable(nnx.to_pure_dict(abstract))[0],
+                                   split_trainable(p_sh)[0], mesh)
+    opt_state = jax.jit(tx.init, out_shardings=o_sh)(trainable)
     step = jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(mesh))
     return TrainState(step=step, params=params, opt_state=opt_state, graphdef=graphdef, tx=tx)
 
@@ -132,12 +139,11 @@ def make_update_step(loss_fn: LossFn, state: TrainState | None = None, donate: b
     """
 
     def step(st: TrainState, batch):
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            st.params, st.graphdef, batch)
-        updates, opt_state = st.tx.update(grads, st.opt_state, st.params)
-        params = optax.apply_updates(st.params, updates)
+        trainable, frozen = split_trainable(st.params)
+        (loss, aux), grads = jax.value_and_grad(
+            lambda t: loss_fn(join(t, frozen), st.graphdef, batch), has_aux=True)(trainable)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
-        return st.replace(step=st.step + 1, params=params, opt_state=opt_state), metrics
+        return apply_gradients(st, grads), metrics
 
     kwargs = {"donate_argnums": (0,) if donate else ()}
     if state is not None:
@@ -145,6 +151,20 @@ def make_update_step(loss_fn: LossFn, state: TrainState | None = None, donate: b
         mesh = state.step.sharding.mesh
         kwargs["out_shardings"] = (state_sh, shd.replicated(mesh))
     return jax.jit(step, **kwargs)
+
+
+def apply_gradients(state: TrainState, grads) -> TrainState:
+    """One step of the state's optax chain with `grads` (of the trainable part of the params,
+    `split_trainable`); the step counter advances by one."""
+    trainable, frozen = split_trainable(state.params)
+    updates, opt_state = state.tx.update(grads, state.opt_state, trainable)
+    params = join(optax.apply_updates(trainable, updates), frozen)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+
+
+def init_opt_state(tx: optax.GradientTransformation, params) -> Any:
+    """`tx.init` of the trainable part of `params` (all of them without LoRA adapters)."""
+    return tx.init(split_trainable(params)[0])
 
 
 # ----------------------------------------------------------------------------- test losses

@@ -22,6 +22,7 @@ class ModelConfigError(ValueError):
     """A model config is inconsistent (e.g. heads do not divide) or an unknown preset name."""
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections of a layer
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -45,6 +46,11 @@ class ModelConfig:
       max_seq_len: longest position the model is used at (KV cache default length).
       qk_norm: per-head RMSNorm on queries and keys before rotary (Qwen3).
       attn_bias: biases on the q/k/v projections (Qwen2).
+      lora_rank: rank r of LoRA adapters on `lora_targets` (`terminal_rsi.models.lora`); 0:
+        none (full fine-tuning).
+      lora_alpha: LoRA scale numerator α (the adapters add (α / r)·x·a·b).
+      lora_targets: which projections of every layer get adapters (q, k, v, o, gate, up,
+        down).
     """
 
     vocab_size: int
@@ -62,6 +68,9 @@ class ModelConfig:
     max_seq_len: int = 2048
     qk_norm: bool = False
     attn_bias: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -74,6 +83,13 @@ class ModelConfig:
                 f"{self.n_kv_heads}; grouped-query attention needs whole groups")
         if self.head_dim % 2:
             raise ModelConfigError(f"ModelConfig.head_dim = {self.head_dim} must be even (rotary)")
+        if self.lora_rank < 0 or self.lora_alpha <= 0:
+            raise ModelConfigError(f"ModelConfig.lora_rank = {self.lora_rank} must be >= 0 and "
+                                   f"lora_alpha = {self.lora_alpha} > 0")
+        bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
+        if bad or (self.lora_rank and not self.lora_targets):
+            raise ModelConfigError(f"ModelConfig.lora_targets = {self.lora_targets!r}; choose a "
+                                   f"non-empty subset of {LORA_TARGETS}")
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ModelConfigError(
@@ -91,6 +107,18 @@ class ModelConfig:
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
+    def without_lora(self) -> ModelConfig:
+        """The same shape without LoRA adapters (the LoRA fields at their defaults)."""
+        return self.replace(**{f.name: f.default for f in dataclasses.fields(self)
+                               if f.name.startswith("lora_")})
+
+    def projection_dims(self) -> dict[str, tuple[int, int]]:
+        """(fan_in, fan_out) of each projection of a layer, its matrix flattened to 2-D."""
+        d, f = self.d_model, self.d_ff
+        hq, hkv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return {"q": (d, hq), "k": (d, hkv), "v": (d, hkv), "o": (hq, d),
+                "gate": (d, f), "up": (d, f), "down": (f, d)}
+
     def num_params(self, with_value_head: bool = False) -> int:
         """Closed-form parameter count (matches the module's parameters exactly)."""
         d, h, k, hd, f = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.d_ff
@@ -100,6 +128,9 @@ class ModelConfig:
         if self.qk_norm:
             attn += 2 * hd
         layer = attn + 3 * d * f + 2 * d
+        if self.lora_rank:
+            dims = self.projection_dims()
+            layer += self.lora_rank * sum(sum(dims[t]) for t in self.lora_targets)
         total = self.n_layers * layer + self.vocab_size * d + d
         if with_value_head:
             total += d + 1

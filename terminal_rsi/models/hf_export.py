@@ -15,7 +15,8 @@ The tensor layout is the inverse of `weights.load_hf_params` (the table in `weig
 this writes, `weights.load_hf_params` + `weights.config_from_hf` + `HFTokenizer.from_file` read
 back into the same params, shape and tokenizer, so the logits are identical (the `model.hf`
 source does all three: `terminal_rsi.models.loading`). The architecture follows the shape:
-QK-norm is Qwen3, q/k/v biases without it Qwen2, otherwise LLaMA.
+QK-norm is Qwen3, q/k/v biases without it Qwen2, otherwise LLaMA. LoRA adapters are merged
+into their matrices (`terminal_rsi.models.lora.merge_adapters`).
 
 Only models with a Hugging Face tokenizer (`HFTokenizer`: a GGUF's or a tokenizer.json's)
 export: the byte-level tokenizer of the tiny preset has no tokenizer.json form, and
@@ -37,7 +38,9 @@ import ml_dtypes
 import numpy as np
 
 from terminal_rsi.models.config import ModelConfig
+from terminal_rsi.models.lora import merge_adapters
 from terminal_rsi.models.tokenizer import HFTokenizer
+from terminal_rsi.trainable import has_adapters
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
@@ -205,6 +208,8 @@ def export_hf(directory: str | os.PathLike, params: Mapping[str, Any], mcfg: Mod
         raise ExportError(f"dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     if os.path.exists(path) and not force:
         raise ExportError(f"{path} exists; remove it or pass force=True to replace it")
+    if has_adapters(params):  # serving engines read plain weights: fold the adapters in
+        params, mcfg = merge_adapters(params, mcfg), mcfg.without_lora()
     tensors = hf_tensors(params, mcfg, DTYPES[dtype])
     if jax.process_index() != 0:
         return path

@@ -47,8 +47,8 @@ import jax
 from flax import nnx
 
 from terminal_rsi import sharding as shd
-from terminal_rsi.checkpoint import import_weights
-from terminal_rsi.models import weights
+from terminal_rsi.checkpoint import CheckpointError, import_weights
+from terminal_rsi.models import lora, weights
 from terminal_rsi.models.config import get_model_config
 from terminal_rsi.models.source import (  # noqa: F401  (SMOLLM2, check_model_source: re-exported)
     SMOLLM2,
@@ -119,6 +119,17 @@ class LoadedModel:
     source: str = ""
 
 
+def lora_fields(config) -> dict:
+    """The LoRA fields of ModelConfig that `config.model` sets (lora_rank, lora_alpha,
+    lora_targets; the ModelConfig defaults where a config lacks them)."""
+    out = {}
+    for name in ("lora_rank", "lora_alpha", "lora_targets"):
+        value = config.model.get(name)
+        if value is not None:
+            out[name] = tuple(value) if name == "lora_targets" else value
+    return out
+
+
 def model_config(config):
     """The ModelConfig of an experiment config (GGUF shape or preset + overrides)."""
     return load_model(config).config
@@ -137,6 +148,7 @@ def load_model(config, *, params: bool = False, mesh=None) -> LoadedModel:
     else:
         tok = ByteTokenizer()
         mcfg = preset_config(config)
+    mcfg = mcfg.replace(**lora_fields(config))
     if mcfg.vocab_size < tok.vocab_size:
         raise ModelSourceError(f"config.model.vocab_size: the model's vocabulary "
                                f"{mcfg.vocab_size} < the tokenizer's {tok.vocab_size}; set "
@@ -165,11 +177,28 @@ def import_params(directory: str, role: str, mcfg, *, mesh=None) -> dict:
     restored straight into the model's shapes and dtypes, and with `mesh` its shardings: no
     random init to overwrite (for a 135 M model that is seconds and gigabytes)."""
     cls = {"actor": DecoderLM, "critic": ValueModel}[role]
-    target = nnx.to_pure_dict(shd.abstract_model(cls, mcfg)[1])
-    if mesh is not None:
-        target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                              target, shd.param_shardings(cls, mcfg, mesh))
-    return import_weights(directory, role, target)
+
+    def restore(shape):
+        target = nnx.to_pure_dict(shd.abstract_model(cls, shape)[1])
+        if mesh is not None:
+            target = jax.tree.map(
+                lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                target, shd.param_shardings(cls, shape, mesh))
+        return import_weights(directory, role, target)
+
+    if not mcfg.lora_rank:
+        return restore(mcfg)
+    try:
+        return restore(mcfg)
+    except CheckpointError:  # weights of a stage without adapters: fresh ones on top
+        return _with_adapters(restore(mcfg.without_lora()), cls, mcfg, mesh)
+
+
+def _with_adapters(params: dict, cls, mcfg, mesh) -> dict:
+    """Base params of a `cls` (DecoderLM, ValueModel) with fresh LoRA adapters of `mcfg`
+    (`lora.add_adapters`), placed on `mesh` if given."""
+    out = lora.add_adapters(params, mcfg, seed=0)
+    return jax.device_put(out, shd.param_shardings(cls, mcfg, mesh)) if mesh else out
 
 
 def initial_actor_params(config, mcfg, *, mesh=None) -> dict | None:
@@ -190,6 +219,9 @@ def pretrained_params(config, mcfg, *, mesh=None) -> dict | None:
     pre = pretrained_source(config)
     if pre is None:
         return None
+    base = mcfg.without_lora()
     if pre[0] == "hf":
-        return weights.load_hf_params(pre[1], mcfg, mesh=mesh)
-    return weights.load_gguf_params(pre[1], mcfg, mesh=mesh)[1]
+        params = weights.load_hf_params(pre[1], base, mesh=mesh)
+    else:
+        params = weights.load_gguf_params(pre[1], base, mesh=mesh)[1]
+    return _with_adapters(params, DecoderLM, mcfg, mesh) if mcfg.lora_rank else params

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from terminal_rsi.models import lora
 from terminal_rsi.models.config import ModelConfig
 
 Cache = dict[str, Any]
@@ -176,6 +177,28 @@ def _write_cache(buf: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- modules
 
 
+def _adapters(config: ModelConfig, names, rngs: nnx.Rngs) -> nnx.Dict | None:
+    """LoRA adapters (`terminal_rsi.models.lora`) of the projections `names` that
+    `config.lora_targets` picks; None without LoRA."""
+    chosen = [n for n in names if n in config.lora_targets] if config.lora_rank else []
+    if not chosen:
+        return None
+    dims = config.projection_dims()
+    out = {}
+    for n in chosen:
+        ad = lora.init_adapter(rngs.params(), *dims[n], config.lora_rank)
+        out[n] = nnx.Dict(a=nnx.Param(ad["a"], logical_axes=("lora", "lora")),
+                          b=nnx.Param(ad["b"], logical_axes=("lora", "lora")))
+    return nnx.Dict(out)
+
+
+def _plus_adapter(y, x, adapters, name, config):
+    """y + the LoRA term of projection `name` on input x [..., fan_in] (y's shape)."""
+    if adapters is None or name not in adapters:
+        return y
+    return y + lora.delta(x, adapters[name], lora.scale(config)).reshape(y.shape)
+
+
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, param_dtype, *, rngs: nnx.Rngs):
         self.weight = _param(rngs, (dim,), ("norm",), param_dtype, None)
@@ -210,14 +233,17 @@ class Attention(nnx.Module):
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.norm_eps, pd, rngs=rngs)
             self.k_norm = RMSNorm(c.head_dim, c.norm_eps, pd, rngs=rngs)
+        adapters = _adapters(c, lora.ATTN_TARGETS, rngs)
+        if adapters is not None:
+            self.lora = adapters
 
     def project_qkv(self, x, rope):
         """x [B, L, D], rope = rotary_angles(positions) -> q [B, L, H, hd], k, v [B, L, K, hd]
         with rotary applied to q and k."""
         c, dt = self.config, self.config.jnp_dtype
-        q = jnp.einsum("bld,dhk->blhk", x, self.q[...].astype(dt))
-        k = jnp.einsum("bld,dhk->blhk", x, self.k[...].astype(dt))
-        v = jnp.einsum("bld,dhk->blhk", x, self.v[...].astype(dt))
+        ad = getattr(self, "lora", None)
+        q, k, v = (_plus_adapter(jnp.einsum("bld,dhk->blhk", x, w[...].astype(dt)), x, ad, n, c)
+                   for n, w in (("q", self.q), ("k", self.k), ("v", self.v)))
         if c.attn_bias:
             q = q + self.q_bias[...].astype(dt)
             k = k + self.k_bias[...].astype(dt)
@@ -234,7 +260,9 @@ class Attention(nnx.Module):
                          "v": _write_cache(layer_cache["v"], v, slots)}
             k, v = new_cache["k"].astype(q.dtype), new_cache["v"].astype(q.dtype)
         out = dot_product_attention(q, k, v, mask)
-        return jnp.einsum("blhk,hkd->bld", out, self.o[...].astype(q.dtype)), new_cache
+        y = jnp.einsum("blhk,hkd->bld", out, self.o[...].astype(q.dtype))
+        flat = out.reshape(*out.shape[:2], -1)
+        return _plus_adapter(y, flat, getattr(self, "lora", None), "o", self.config), new_cache
 
 
 class MLP(nnx.Module):
@@ -242,15 +270,20 @@ class MLP(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         c, pd = config, config.jnp_param_dtype
-        self.dtype = c.jnp_dtype
+        self.config, self.dtype = c, c.jnp_dtype
         self.gate = _param(rngs, (c.d_model, c.d_ff), ("embed", "mlp"), pd, c.d_model ** -0.5)
         self.up = _param(rngs, (c.d_model, c.d_ff), ("embed", "mlp"), pd, c.d_model ** -0.5)
         self.down = _param(rngs, (c.d_ff, c.d_model), ("mlp", "embed"), pd, c.d_ff ** -0.5)
+        adapters = _adapters(c, lora.MLP_TARGETS, rngs)
+        if adapters is not None:
+            self.lora = adapters
 
     def __call__(self, x):
-        dt = self.dtype
-        h = jax.nn.silu(x @ self.gate[...].astype(dt)) * (x @ self.up[...].astype(dt))
-        return h @ self.down[...].astype(dt)
+        dt, ad, c = self.dtype, getattr(self, "lora", None), self.config
+        gate = _plus_adapter(x @ self.gate[...].astype(dt), x, ad, "gate", c)
+        up = _plus_adapter(x @ self.up[...].astype(dt), x, ad, "up", c)
+        h = jax.nn.silu(gate) * up
+        return _plus_adapter(h @ self.down[...].astype(dt), h, ad, "down", c)
 
 
 class Block(nnx.Module):

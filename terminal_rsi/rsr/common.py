@@ -31,7 +31,12 @@ from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.sampling import Buckets, Sampler
 from terminal_rsi.tasks import task_sandbox_factory
-from terminal_rsi.train_state import OptimizerConfig, create_train_state, make_optimizer
+from terminal_rsi.train_state import (
+    OptimizerConfig,
+    create_train_state,
+    init_opt_state,
+    make_optimizer,
+)
 
 
 class StageError(RuntimeError):
@@ -114,7 +119,7 @@ def optimizer_config(opt_section, total_steps: int = 0):
 def with_optimizer(state, opt):
     """`state` with a fresh optax chain `opt` (and its zero optimizer state), params kept."""
     tx = make_optimizer(opt)
-    return state.replace(tx=tx, opt_state=tx.init(state.params), step=state.step * 0)
+    return state.replace(tx=tx, opt_state=init_opt_state(tx, state.params), step=state.step * 0)
 
 
 def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):

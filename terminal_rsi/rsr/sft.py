@@ -36,10 +36,10 @@ import optax
 from terminal_rsi.agent import pack_trajectories
 from terminal_rsi.alignment import token_logprobs, trained_mask
 from terminal_rsi.forward import actor_logits, actor_logprobs
-from terminal_rsi.grad_accum import accumulate_gradients, apply_gradients, jit_update
+from terminal_rsi.grad_accum import accumulate_gradients, jit_update
 from terminal_rsi.losses import Aggregation, LossParts, kl_to_reference, safe_divide, sft_loss
 from terminal_rsi.progress import progress
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.train_state import TrainState, apply_gradients
 
 SFT_KEYS = ("tokens", "positions", "segment_ids", "gen_mask")
 

@@ -354,3 +354,44 @@ def test_actor_warmup_steps_reach_the_actor_optimizer():
     c.actor_opt.warmup_steps = -1
     with pytest.raises(Exception, match="warmup_steps"):
         typed(c)
+
+
+def test_phase_with_lora_adapters_trains_only_them_and_resumes(tmp_path):
+    """model.lora_rank on a GGUF model: actor and critic start from the GGUF's weights with
+    fresh adapters (the same function), PPO moves the adapters and the critic's head and
+    leaves every pretrained weight bit-identical, the export keeps the adapters, and a run
+    stopped after its first step resumes to the uninterrupted run's weights."""
+    pytest.importorskip("gguf")
+    from terminal_rsi import trainable
+    from terminal_rsi.checkpoint import import_weights
+    from terminal_rsi.models import lora, weights
+    from terminal_rsi.rpr.phase import initial_states, model_config
+    from tests.models.reference import write_tiny_gguf
+
+    path = str(tmp_path / "tiny.gguf")
+    write_tiny_gguf(path, seed=2)
+    config = _config()
+    config.model.gguf, config.model.lora_rank, config.model.lora_targets = path, 4, ("q", "v")
+    config.num_steps, config.ppo.critic_warmup_steps = 2, 0
+    config.eval.every, config.checkpoint.every = 0, 1
+    config.actor_opt.learning_rate = config.critic_opt.learning_rate = 1e-2
+    mcfg = model_config(config)
+    actor, critic = initial_states(config, mcfg)
+    gguf = _np(weights.load_gguf_params(path, mcfg.without_lora())[1])
+    start_actor, start_critic = _np(actor.params), _np(critic.params)
+    assert trainable.has_adapters(start_actor) and trainable.has_adapters(start_critic)
+    assert _equal(trainable.split_trainable(start_actor)[1], trainable.split_trainable(
+        lora.add_adapters(gguf, mcfg, 0))[1])
+    res = run_phase(typed(config), str(tmp_path / "w"))
+    end_actor = import_weights(str(tmp_path / "w" / "export"), "actor", start_actor)
+    end_critic = import_weights(str(tmp_path / "w" / "export"), "critic", start_critic)
+    for start, end in ((start_actor, end_actor), (start_critic, end_critic)):
+        moving, frozen = trainable.split_trainable(start)
+        moved, kept = trainable.split_trainable(_np(end))
+        assert _equal(frozen, kept)  # the pretrained weights, bit for bit
+        assert not _equal(moving, moved)
+    assert len(res.metrics) == 2
+    run_phase(typed(config), str(tmp_path / "r"), stop_after=1)
+    run_phase(typed(config), str(tmp_path / "r"))
+    again = import_weights(str(tmp_path / "r" / "export"), "actor", start_actor)
+    assert _equal(_np(again), _np(end_actor))

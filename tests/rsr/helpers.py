@@ -2,8 +2,6 @@
 
 import json
 
-import ml_collections
-
 from terminal_rsi import registry
 from terminal_rsi.agent import ScriptedPolicy
 from terminal_rsi.rsr.runbook import Runbook, RunbookError
@@ -33,7 +31,7 @@ def tiny_stage_config(**over):
     from configs.rsr1 import get_config
 
     c = get_config()
-    c.model = ml_collections.ConfigDict({**TINY_MODEL, "gguf": None})
+    c.model.update(TINY_MODEL)
     c.tasks.families = ("count_lines",)
     c.tasks.n_per_family = 2
     c.harness.max_turns = 1

@@ -55,3 +55,34 @@ def test_base_sft_end_to_end(tmp_path):
     want = critic_params_from_actor(actor.params)
     for a, b in zip(jax.tree.leaves(critic), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_base_sft_with_lora_trains_the_adapters_alone(tmp_path):
+    """model.lora_rank > 0: SFT moves the adapters; every other weight of the exported actor
+    is the stage's initial one, bit for bit; the critic export copies the adapted actor."""
+    from terminal_rsi import trainable
+    from terminal_rsi.models.loading import model_config
+    from terminal_rsi.rsr.common import create_actor
+
+    c = get_config()
+    for k, v in TINY_MODEL.items():
+        c.model[k] = v
+    c.model.lora_rank, c.model.lora_alpha = 4, 8.0
+    c.tasks.families, c.tasks.n_per_family = ("count_lines",), 2
+    c.harness.max_output_tokens = 128
+    c.sft.steps, c.sft.batch_size, c.actor_opt.learning_rate = 2, 2, 1e-2
+    c.eval.num_tasks, c.eval.every, c.rollout.decode_block = 1, 0, 32
+    typed = registry.get_experiment("base_sft").check(c)
+    start = jax.device_get(create_actor(typed, model_config(typed), typed.actor_opt,
+                                        typed.seed).params)  # the stage's initial actor
+    run(typed, str(tmp_path / "base"))
+    end = import_weights(str(tmp_path / "base" / "export"), "actor", start)
+    moving, frozen = trainable.split_trainable(start)
+    moved, kept = trainable.split_trainable(jax.device_get(end))
+    for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(kept), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(moving), jax.tree.leaves(moved), strict=True))
+    critic = import_weights(str(tmp_path / "base" / "export"), "critic",
+                            critic_params_from_actor(start))
+    assert trainable.has_adapters(critic)
