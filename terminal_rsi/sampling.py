@@ -88,7 +88,15 @@ from flax import nnx
 
 from terminal_rsi.logprobs import logprob_gap_metric, token_logprobs  # noqa: F401 (re-export)
 from terminal_rsi.models.config import ModelConfig
-from terminal_rsi.models.transformer import MASK_VALUE, Cache, init_cache, rotary_angles
+from terminal_rsi.models.lora import merge_adapters
+from terminal_rsi.models.transformer import (
+    MASK_VALUE,
+    Cache,
+    DecoderLM,
+    init_cache,
+    rotary_angles,
+)
+from terminal_rsi.trainable import has_adapters
 
 __all__ = ["Buckets", "SampleOutput", "Sampler", "SamplerState", "SamplingError", "StopReason",
            "logprob_gap_metric", "sample_tokens", "sampling_logits", "token_logprobs"]
@@ -280,7 +288,11 @@ class Sampler:
                  detokenize: Callable[[Sequence[int]], str] | None = None):
         if decode_block <= 0:
             raise SamplingError(f"decode_block = {decode_block} must be > 0")
-        self.graphdef = graphdef
+        # with LoRA adapters the sampler runs the plain model on merged weights (W + (α/r)·a·b,
+        # `serving_params`): no adapter matmuls at each decoded token
+        self.graphdef = (nnx.graphdef(nnx.eval_shape(
+            lambda: DecoderLM(config.without_lora(), rngs=nnx.Rngs(0))))
+            if config.lora_rank else graphdef)
         self.config = config
         self.buckets = buckets or Buckets()
         self.decode_block = int(decode_block)
@@ -291,6 +303,13 @@ class Sampler:
         self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1, 6))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
+
+    def serving_params(self, params):
+        """The params the sampler runs on: LoRA adapters merged into their matrices
+        (`terminal_rsi.models.lora.merge_adapters`), others unchanged. `sample` and `extend`
+        merge per call; a caller that samples many times with the same weights (SamplerPolicy)
+        merges once."""
+        return merge_adapters(params, self.config) if has_adapters(params) else params
 
     # -- jitted pieces ---------------------------------------------------------------
 
@@ -470,6 +489,7 @@ class Sampler:
                   temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                   stop_token_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
                   detokenize=None):
+        params = self.serving_params(params)
         cfg, bk = self.config, self.buckets
         n = state.num_rows
         b = state.cache_len.shape[0]

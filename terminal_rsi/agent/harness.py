@@ -248,6 +248,7 @@ class SamplerPolicy:
         self.sampler = sampler
         self.tokenizer = tokenizer
         self._params = params
+        self._serving = sampler.serving_params(params)  # LoRA merged once, not per call
         self.version = version
         self._key = jax.random.key(seed)
         self._stream_key = jax.random.key(seed)  # requests with a stream: never advanced
@@ -259,8 +260,9 @@ class SamplerPolicy:
         return self._params
 
     def set_params(self, params, version: int) -> None:
+        serving = self.sampler.serving_params(params)
         with self._lock:
-            self._params, self.version = params, int(version)
+            self._params, self._serving, self.version = params, serving, int(version)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         outs: list[GenerationOutput | None] = [None] * len(requests)
@@ -270,7 +272,7 @@ class SamplerPolicy:
         for (max_new, s), idx in groups.items():
             with self._lock:
                 self._key, key = jax.random.split(self._key)
-                params, version = self._params, self.version
+                params, version = self._serving, self.version
             if any(requests[i].stream is not None for i in idx):
                 key = self._row_keys([requests[i] for i in idx], key)
             with self._sample_lock:

@@ -260,3 +260,23 @@ def test_lora_settings_are_checked_where_they_are_set():
         ModelSource(lora_targets=("q", "attn"))
     with pytest.raises(SettingError, match="lora_rank"):
         ModelSource(lora_rank=-2)
+
+
+def test_the_sampler_runs_merged_weights_and_matches_the_adapted_model(hf_base):
+    from terminal_rsi.agent.harness import SamplerPolicy
+    from terminal_rsi.sampling import Sampler
+
+    _, base = hf_base
+    tuned = _random_b(lora.add_adapters(base, LORA, seed=2))
+    sampler = Sampler(_graphdef(DecoderLM, LORA), LORA, decode_block=4)
+    assert not tr.has_adapters(sampler.serving_params(tuned))
+    prompt = [3, 17, 5, 60]
+    out = sampler.sample(tuned, [prompt], jax.random.key(0), max_new_tokens=6)[0]  # T = 1
+    seq = prompt + [int(t) for t in out.token_ids]
+    logits = _logits(LORA, tuned, np.asarray(seq))  # the adapted model, adapters unmerged
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    for i, t in enumerate(out.token_ids):
+        row = len(prompt) - 1 + i
+        np.testing.assert_allclose(float(out.logprobs[i]), float(logp[row, t]), atol=1e-4)
+    policy = SamplerPolicy(sampler, tuned, tokenizer=None, seed=0)
+    assert policy.params is tuned  # what the trainer handed over; it samples the merge
