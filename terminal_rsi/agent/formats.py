@@ -379,8 +379,8 @@ class BashFormat(ActionFormat):
 
 
 FORMATS: dict[str, ActionFormat] = {f.name: f for f in (JSONFormat(), XMLFormat(), BashFormat())}
-# the tiny scale's one-line prompt (JSON, exec), which `pipeline.resolve` rewrites into the
-# run's format and terminal
+# the tiny scale's one-line prompt (JSON, exec); `HarnessConfig.system_text` gives its version
+# in the harness's format and terminal
 SHORT_SYSTEM_PROMPT = FORMATS["json"].short_prompt("exec")
 
 

@@ -49,7 +49,7 @@ from terminal_rsi.agent.actions import (
     cap_text,
     format_observation,
 )
-from terminal_rsi.agent.formats import get_format
+from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT, get_format
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
 from terminal_rsi.sandbox.terminal import SessionOutput, session_keystrokes
@@ -161,10 +161,14 @@ class HarnessConfig:
 
     @property
     def system_text(self) -> str:
-        """The system prompt: the configured one, or the default of the action format and
-        terminal mode."""
+        """The system prompt: the configured one; the default prompt or the one-line
+        SHORT_SYSTEM_PROMPT (both written for JSON in a fresh shell) become their versions in
+        the harness's action format and terminal mode."""
+        fmt = get_format(self.action_format)
         if self.system_prompt == DEFAULT_SYSTEM_PROMPT:
-            return get_format(self.action_format).system_prompt(self.terminal)
+            return fmt.system_prompt(self.terminal)
+        if self.system_prompt == SHORT_SYSTEM_PROMPT:
+            return fmt.short_prompt(self.terminal)
         return self.system_prompt
 
     def parse(self, text: str) -> Action:

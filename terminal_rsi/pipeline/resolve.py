@@ -29,7 +29,6 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from terminal_rsi import registry
-from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT, get_format
 from terminal_rsi.configuration import ConfigError, flatten
 from terminal_rsi.models.source import check_model_source
 from terminal_rsi.pipeline.config import ModelDims
@@ -192,10 +191,6 @@ def harness_settings(config, scale: Mapping) -> dict:
         h["system_prompt"] = ""
     if h.get("max_parse_errors") == 0:  # 0 on the command line: no limit (None)
         h["max_parse_errors"] = None
-    if h.get("system_prompt") == SHORT_SYSTEM_PROMPT:  # the tiny scale's prompt, written
-        # in the run's action format for its terminal
-        h["system_prompt"] = get_format(h.get("action_format") or "json").short_prompt(
-            h.get("terminal") or "exec")
     return {f"harness.{k}": v for k, v in h.items()}
 
 

@@ -16,7 +16,7 @@ from terminal_rsi.agent.actions import (
     ActionParseError,
     Command,
 )
-from terminal_rsi.agent.formats import COMPLETE_LINE, FORMATS, get_format
+from terminal_rsi.agent.formats import COMPLETE_LINE, FORMATS, SHORT_SYSTEM_PROMPT, get_format
 from terminal_rsi.agent.harness import (
     DEFAULT_SYSTEM_PROMPT,
     reference_action,
@@ -246,3 +246,17 @@ def test_a_reply_in_the_wrong_format_is_shown_the_format_it_needs():
     assert "no <response> element" in traj.turns[0].parse_error
     shown = safe_decode(TOK, traj.turns[0].observation_ids)
     assert "<keystrokes" in shown  # the schema comes with the error
+
+
+@pytest.mark.parametrize("name", ACTION_FORMATS)
+@pytest.mark.parametrize("terminal", ["exec", "session"])
+def test_the_json_prompts_become_the_harness_formats_own(name, terminal):
+    fmt = get_format(name)
+    short = HarnessConfig(system_prompt=SHORT_SYSTEM_PROMPT, action_format=name,
+                          terminal=terminal)
+    assert short.system_text == fmt.short_prompt(terminal)
+    long = HarnessConfig(system_prompt=DEFAULT_SYSTEM_PROMPT, action_format=name,
+                         terminal=terminal)
+    assert long.system_text == fmt.system_prompt(terminal)
+    own = HarnessConfig(system_prompt="Use ls.", action_format=name, terminal=terminal)
+    assert own.system_text == "Use ls."

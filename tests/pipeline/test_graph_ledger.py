@@ -8,6 +8,7 @@ import pytest
 
 from configs.rpr2_spr import get_config
 from terminal_rsi.agent.formats import get_format
+from terminal_rsi.agent.harness import HarnessConfig
 from terminal_rsi.configuration import ConfigError, flatten, validate_config
 from terminal_rsi.pipeline import graph as G
 from terminal_rsi.pipeline import ledger as L
@@ -83,9 +84,10 @@ def test_action_format_reaches_every_stage_with_its_short_prompt(tmp_path, termi
     want = get_format("bash").short_prompt(terminal)
     for n in ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_spr"):
         h = p.stage_config(n).harness
-        assert (h.action_format, h.system_prompt, h.terminal) == ("bash", want, terminal), n
-    assert p.eval_base_config().harness.action_format == "bash"
-    assert p.eval_base_config().harness.system_prompt == want
+        assert (h.action_format, h.terminal) == ("bash", terminal), n
+        assert HarnessConfig.from_config(h).system_text == want, n  # what the agent reads
+    h = p.eval_base_config().harness
+    assert h.action_format == "bash" and HarnessConfig.from_config(h).system_text == want
 
 
 def test_config_hash_invalidates_downstream_only(tmp_path):
