@@ -186,11 +186,12 @@ def import_params(directory: str, role: str, mcfg, *, mesh=None) -> dict:
                 target, shd.param_shardings(cls, shape, mesh))
         return import_weights(directory, role, target)
 
-    if not mcfg.lora_rank:
-        return restore(mcfg)
     try:
         return restore(mcfg)
-    except CheckpointError:  # weights of a stage without adapters: fresh ones on top
+    except CheckpointError:
+        if not mcfg.lora_rank:
+            raise
+        # the weights of a stage without adapters (a full fine-tune): fresh adapters on top
         return _with_adapters(restore(mcfg.without_lora()), cls, mcfg, mesh)
 
 

@@ -259,6 +259,10 @@ def test_export_hf_experiment_on_a_tiny_gguf(tmp_path):
     config.export.dtype = "bfloat16"  # a 16-bit export reports how far its logits moved
     summary = experiment.run(build(experiment.ExportConfig, config), str(tmp_path / "w"))
     assert 0.0 < summary["check"]["max_abs_logit_diff"] < 0.5
+    config.export.dtype, config.model.lora_rank = "float32", 4  # adapters are folded in
+    summary = experiment.run(build(experiment.ExportConfig, config), str(tmp_path / "w"))
+    assert summary["check"]["max_abs_logit_diff"] <= experiment.MERGE_TOLERANCE
+    assert not any("lora" in k for k in _read_dir(summary["hf_dir"]))
 
 
 def _smollm2_installed():
