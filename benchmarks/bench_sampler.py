@@ -55,6 +55,14 @@ def _prompts(batch, length, vocab, seed=0):
     return rng.integers(0, min(vocab, 256), (batch, length)).tolist()
 
 
+def filled_cache(cfg, batch, ctx, s_len):
+    """A KV cache of `s_len` slots whose first `ctx` slots count as occupied."""
+    cache = init_cache(cfg, batch, s_len)
+    cache["segment_ids"] = jnp.broadcast_to(
+        (jnp.arange(s_len) < ctx).astype(jnp.int32), (batch, s_len))
+    return cache
+
+
 def decode_step_fn(cfg, graphdef, params, batch, ctx, s_len, block=16):
     """A zero-argument timer of the Sampler's jitted decode block (all rows live).
 
@@ -67,11 +75,9 @@ def decode_step_fn(cfg, graphdef, params, batch, ctx, s_len, block=16):
     fn = jax.jit(sampler._decode_impl, donate_argnums=(1,))
 
     def fresh_carry():
-        cache = init_cache(cfg, batch, s_len)
-        cache["segment_ids"] = jnp.broadcast_to(
-            (jnp.arange(s_len) < ctx).astype(jnp.int32), (batch, s_len))
         return jax.block_until_ready({
-            "cache": cache, "logits": jnp.zeros((batch, cfg.vocab_size), jnp.float32),
+            "cache": filled_cache(cfg, batch, ctx, s_len),
+            "logits": jnp.zeros((batch, cfg.vocab_size), jnp.float32),
             "pos": jnp.full((batch,), ctx, jnp.int32), "n_gen": jnp.zeros((batch,), jnp.int32),
             "done": jnp.zeros((batch,), bool), "reason": jnp.zeros((batch,), jnp.int32)})
 
@@ -109,17 +115,11 @@ def floor_step_fn(cfg, graphdef, params, batch, ctx, s_len, block=16):
 
     fn = jax.jit(impl, donate_argnums=(1,))
 
-    def fresh():
-        cache = init_cache(cfg, batch, s_len)
-        cache["segment_ids"] = jnp.broadcast_to(
-            (jnp.arange(s_len) < ctx).astype(jnp.int32), (batch, s_len))
-        return jax.block_until_ready(cache)
-
     tok = jnp.zeros((batch, 1), jnp.int32)
-    jax.block_until_ready(fn(params, fresh(), tok))  # compile
+    jax.block_until_ready(fn(params, filled_cache(cfg, batch, ctx, s_len), tok))  # compile
 
     def timed():
-        cache = fresh()
+        cache = jax.block_until_ready(filled_cache(cfg, batch, ctx, s_len))
         t0 = time.perf_counter()
         jax.block_until_ready(fn(params, cache, tok))
         return (time.perf_counter() - t0) / block
