@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from terminal_rsi.models.config import LORA_TARGETS
+from terminal_rsi.models.config import LORA_TARGETS, lora_targets_error
 from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
 from terminal_rsi.settings import Section, setting
 
@@ -47,13 +47,6 @@ PLAIN_DOC = ("which tasks may run as plain subprocesses (backend 'local' where b
              "unisolated")
 
 
-def _lora_targets_error(value) -> str | None:
-    bad = [t for t in value if t not in LORA_TARGETS]
-    if bad or not value:
-        return f"choose a non-empty subset of {LORA_TARGETS}, not {tuple(value)!r}"
-    return None
-
-
 def _dim(name: str) -> str:
     return f"override of the preset's {name} (None: keep; ignored with model.gguf or model.hf)"
 
@@ -88,7 +81,7 @@ class ModelSource(Section):
     lora_alpha: float = setting(16.0, "LoRA scale α: an adapter adds (α / r)·x·a·b", lo=1e-6)
     lora_targets: tuple[str, ...] = setting(LORA_TARGETS, "projections of every layer that get "
                                             "adapters (of q, k, v, o, gate, up, down)",
-                                            check=_lora_targets_error)
+                                            check=lora_targets_error)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,15 @@ class ModelConfigError(ValueError):
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections of a layer
+
+
+def lora_targets_error(targets) -> str | None:
+    """What is wrong with a tuple of LoRA targets (None: a non-empty subset of LORA_TARGETS)."""
+    if not targets or any(t not in LORA_TARGETS for t in targets):
+        return f"choose a non-empty subset of {LORA_TARGETS}, not {tuple(targets)!r}"
+    return None
+
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -86,10 +95,9 @@ class ModelConfig:
         if self.lora_rank < 0 or self.lora_alpha <= 0:
             raise ModelConfigError(f"ModelConfig.lora_rank = {self.lora_rank} must be >= 0 and "
                                    f"lora_alpha = {self.lora_alpha} > 0")
-        bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
-        if bad or (self.lora_rank and not self.lora_targets):
-            raise ModelConfigError(f"ModelConfig.lora_targets = {self.lora_targets!r}; choose a "
-                                   f"non-empty subset of {LORA_TARGETS}")
+        problem = lora_targets_error(self.lora_targets)
+        if problem and (self.lora_rank or self.lora_targets):  # rank 0 may name none
+            raise ModelConfigError(f"ModelConfig.lora_targets: {problem}")
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ModelConfigError(
@@ -109,8 +117,8 @@ class ModelConfig:
 
     def without_lora(self) -> ModelConfig:
         """The same shape without LoRA adapters (the LoRA fields at their defaults)."""
-        return self.replace(**{f.name: f.default for f in dataclasses.fields(self)
-                               if f.name.startswith("lora_")})
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return self.replace(**{name: defaults[name] for name in LORA_FIELDS})
 
     def projection_dims(self) -> dict[str, tuple[int, int]]:
         """(fan_in, fan_out) of each projection of a layer, its matrix flattened to 2-D."""
@@ -138,6 +146,8 @@ class ModelConfig:
             total += d * self.vocab_size
         return total
 
+
+LORA_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name.startswith("lora_"))
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(

