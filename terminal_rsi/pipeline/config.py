@@ -3,7 +3,7 @@ setting of the job itself, with its default, allowed values and doc, written onc
 (`terminal_rsi.settings`).
 
 `SCHEMA` (what a pipeline ConfigDict is checked against) is this class's schema plus the
-free `stages.<stage>.<field>` overrides; `resolved` fills in `pipeline.base = auto`.
+free `stages.<stage>.<field>` overrides; `resolved` fills in what the scale decides.
 
 A shared setting left None here means "the scale's" (`terminal_rsi.pipeline.scales`, chosen by
 `scale`), else the stage config file's. Per-stage overrides of any stage config field,
@@ -19,12 +19,13 @@ import ml_collections
 
 from terminal_rsi.configuration import schema_of
 from terminal_rsi.pipeline.graph import BASES, STAGES
-from terminal_rsi.pipeline.scales import SCALES
+from terminal_rsi.pipeline.scales import SCALES, get_scale
 from terminal_rsi.sections import ACTION_FORMATS, TERMINALS, Seeded, TaskPool
 from terminal_rsi.settings import Section, Setting, setting
 
 MODELS = ("tiny", "smollm2_135m")
-STAGE_NAMES = ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_fdr", "rpr2_spr")
+STAGE_NAMES = ("pretrained", "base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_fdr",
+               "rpr2_spr")
 
 
 def _dim(name: str) -> str:
@@ -95,11 +96,14 @@ class PipelineValidation(Section):
     enabled: bool = setting(True, "score each stage's actor on the validation split and hand "
                             "the input on unchanged when it does not beat it (built-in "
                             "suites; a task directory has no validation split)")
-    n_per_family: int = setting(3, "validation instances per training family", lo=1)
-    k: int = setting(3, "runs per validation task (Mean@k decides)", lo=1)
-    candidates: int = setting(3, "actors scored per RSR and RPR stage: its final export and "
-                              "candidates - 1 evenly spaced earlier ones (the stage's "
-                              "candidates.count); the best is the stage's", lo=1)
+    n_per_family: int | None = setting(None, "validation instances per training family "
+                                       "(None: the scale's)", lo=1)
+    k: int | None = setting(None, "runs per validation task, Mean@k decides (None: the "
+                            "scale's)", lo=1)
+    candidates: int | None = setting(None, "actors scored per RSR and RPR stage: its final "
+                                     "export and candidates - 1 evenly spaced earlier ones "
+                                     "(the stage's candidates.count); the best is the stage's "
+                                     "(None: the scale's)", lo=1)
     min_gain: float = setting(0.0, "a stage's actor is kept only if its validation Mean@k "
                               "exceeds its input's by more than this", lo=0.0, hi=1.0)
 
@@ -110,9 +114,10 @@ class Graph(Section):
 
     targets: tuple[str, ...] = setting(("rpr2_spr",), "stages to produce (with their "
                                        "prerequisites)")
-    base: str = setting("auto", "base stage: auto (tiny: base_sft, smollm2_135m: "
-                        "base_weights from GGUF), base_sft or base_weights",
-                        choices=("auto",) + tuple(BASES))
+    base: str = setting("base_sft", "base stage: base_sft (trained on rendered "
+                        "demonstrations; for a pretrained model, from stage `pretrained`, its "
+                        "shipped weights, evaluated zero-shot) or base_weights (the given "
+                        "weights as they are)", choices=tuple(BASES))
     bypass: tuple[str, ...] = setting((), "stages replaced by a pass-through (ablations)")
     rpr2_lr_divisor: float = setting(5.0, "RPR-2 actor lr = RPR-1's / this (paper: 5)",
                                      lo=1e-9)
@@ -172,8 +177,11 @@ SCHEMA = _Schema(schema_of(PipelineConfig))
 
 
 def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Resolve `pipeline.base = auto` and the pretrained-model settings."""
+    """A copy of `config` with the settings left None for the scale filled from it
+    (`validation.*`; the stage settings are filled per stage, terminal_rsi.pipeline.resolve)."""
     c = ml_collections.ConfigDict(config.to_dict())
-    if c.pipeline.base == "auto":
-        c.pipeline.base = "base_sft" if c.model == "tiny" else "base_weights"
+    scale = get_scale(c.scale)
+    for k, v in scale["validation"].items():
+        if c.validation.get(k) is None:
+            c.validation[k] = v
     return c

@@ -3,7 +3,7 @@
     python experiments/run.py --config=configs/rpr2_spr.py --workdir=runs/rsi   # the main job
     python experiments/run.py --config=configs/rpr2_spr.py --config.scale=ci    # CI-sized
     python experiments/run.py --config=configs/terminal_rsi.py                  # both RPR-2
-    python experiments/run.py --config=configs/rpr2_spr.py --config.model=smollm2_135m
+    python experiments/run.py --config=configs/rpr2_spr_smollm2.py            # SmolLM2-135M
 
 Runs the prerequisites of `pipeline.targets` in graph order (reusing finished stages),
 evaluates every stage (k = 3, held-out instances and held-out families), and keeps
@@ -17,13 +17,11 @@ import sys
 
 import ml_collections
 
-from terminal_rsi.pipeline.config import resolved
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError, StageFailed
 from terminal_rsi.pipeline.table import stage_table
 
 
 def run(config: ml_collections.ConfigDict, workdir: str):
-    config = resolved(config)
     try:
         pipe = Pipeline(config, workdir)
         ledger = pipe.run()

@@ -1,7 +1,7 @@
 """The Terminal-RSI stage graph (paper Fig. 2-3, §2.1 Eq. 4, §3.1) and its handoff rules.
 
 ```
-base ──▶ rsr1 ──▶ warmup_critic (critic-only epoch, rsr1 actor frozen)
+[pretrained ──▶] base ──▶ rsr1 ──▶ warmup_critic (critic-only epoch, rsr1 actor frozen)
            │            │
            ▼            ▼
          rpr1_fdr (actor ← rsr1, critic ← warmup_critic; FDR; actor lr η)
@@ -12,6 +12,10 @@ base ──▶ rsr1 ──▶ warmup_critic (critic-only epoch, rsr1 actor froze
            ├──▶ rpr2_fdr (actor ← rsr2, critic ← rsr2 = rpr1 critic; FDR; actor lr η/5)
            └──▶ rpr2_spr (same, SPR: the retained Long-Reward branch)
 ```
+
+With a pretrained model (`graph_for(..., pretrained=True)`) the graph opens with stage
+`pretrained`: its weights as they ship (experiment base_weights), evaluated like every stage
+(the zero-shot row), and the actor the base stage fine-tunes.
 
 A stage is (experiment name, its config file, named inputs from other stages' export dirs,
 graph-level overrides). Inputs are weights only (`<stage>/export/{actor,critic}`, contract
@@ -54,6 +58,9 @@ class StageSpec:
         object.__setattr__(self, "overrides", dict(self.overrides))
 
 
+# a pretrained model's shipped weights: the zero-shot row and the base's starting actor
+# (in the graph only with `graph_for(..., pretrained=True)`)
+PRETRAINED = StageSpec("pretrained", "base_weights", "configs/base_weights.py", {}, "base")
 GRAPH: tuple[StageSpec, ...] = (
     StageSpec("base", "base_sft", "configs/base_sft.py", {}, "base"),
     StageSpec("rsr1", "rsr", "configs/rsr1.py", {"actor": "base", "critic": "base"}, "rsr"),
@@ -70,7 +77,7 @@ GRAPH: tuple[StageSpec, ...] = (
     StageSpec("rpr2_spr", "rpr_phase", "configs/rpr2_fdr.py",
               {"actor": "rsr2", "critic": "rsr2"}, "rpr", {"mode": "phase", "rewards.fn": "spr"}),
 )
-STAGES: dict[str, StageSpec] = {s.name: s for s in GRAPH}
+STAGES: dict[str, StageSpec] = {s.name: s for s in (PRETRAINED, *GRAPH)}
 RPR1 = "rpr1_fdr"
 
 
@@ -112,19 +119,31 @@ def prerequisites(targets: Sequence[str], graph: Mapping[str, StageSpec] = STAGE
 
 BASES = {"base_sft": ("base_sft", "configs/base_sft.py"),
          "base_weights": ("base_weights", "configs/base_weights.py")}
+UNBYPASSABLE = ("base", PRETRAINED.name)
 
 
-def graph_for(base: str = "base_sft", bypass: Sequence[str] = ()) -> dict[str, StageSpec]:
-    """The graph with the base stage's experiment chosen: `base_sft` (the tiny model trained
-    on rendered demonstrations) or `base_weights` (given weights: a pretrained GGUF, an
-    export dir, or a random init). `bypass`: stages whose exports are their inputs unchanged
-    (ablations); the base stage cannot be bypassed."""
+def graph_for(base: str = "base_sft", bypass: Sequence[str] = (), *,
+              pretrained: bool = False) -> dict[str, StageSpec]:
+    """The graph with the base stage's experiment chosen: `base_sft` (trained on rendered
+    demonstrations) or `base_weights` (given weights: a pretrained GGUF or HF model, an
+    export dir, or a random init). `pretrained` (a pretrained model with the `base_sft`
+    base): stage `pretrained` holds the shipped weights, is evaluated (the zero-shot row),
+    and is the actor the base fine-tunes. `bypass`: stages whose exports are their inputs
+    unchanged (ablations); the base stages cannot be bypassed."""
     if base not in BASES:
         raise GraphError(f"base stage {base!r}; choose one of {', '.join(BASES)}")
     for b in bypass:
-        if b not in STAGES or b == "base":
-            raise GraphError(f"cannot bypass {b!r}; choose among {', '.join(list(STAGES)[1:])}")
+        if b not in STAGES or b in UNBYPASSABLE:
+            choices = [n for n in STAGES if n not in UNBYPASSABLE]
+            raise GraphError(f"cannot bypass {b!r}; choose among {', '.join(choices)}")
     exp, cfg = BASES[base]
-    g = dict(STAGES)
-    g["base"] = dataclasses.replace(STAGES["base"], experiment=exp, config_file=cfg)
+    g = {n: s for n, s in STAGES.items() if n != PRETRAINED.name}
+    inputs = {}
+    if pretrained and base == "base_sft":
+        g = {PRETRAINED.name: PRETRAINED, **g}
+        inputs = {"actor": PRETRAINED.name, "critic": PRETRAINED.name}  # base_sft: its
+        # critic is critic_params_from_actor; the critic input lets a validation decision
+        # hand both roles on
+    g["base"] = dataclasses.replace(STAGES["base"], experiment=exp, config_file=cfg,
+                                    inputs=inputs)
     return g

@@ -53,6 +53,7 @@ from terminal_rsi.configuration import build
 from terminal_rsi.evaluation.config import EvalConfig
 from terminal_rsi.evaluation.evaluate import evaluate
 from terminal_rsi.pipeline import plots
+from terminal_rsi.pipeline.config import resolved
 from terminal_rsi.pipeline.graph import RPR1, graph_for, prerequisites
 from terminal_rsi.pipeline.handoff import check_handoff, copy_inputs, exports_ok
 from terminal_rsi.pipeline.ledger import PLOTS, Ledger, now_iso
@@ -96,11 +97,12 @@ class Pipeline:
 
     def __init__(self, config: ml_collections.ConfigDict, run_dir: str, *,
                  log: Callable[[str], None] | None = None):
-        self.config = config
+        self.config = config = resolved(config)  # the scale's validation settings filled in
         self.run_dir = os.path.abspath(run_dir)
         self.log = log or echo  # stdout, above any progress bar
         self.scale = get_scale(config.scale)
-        self.graph = graph_for(config.pipeline.base, tuple(config.pipeline.bypass))
+        self.graph = graph_for(config.pipeline.base, tuple(config.pipeline.bypass),
+                               pretrained=config.model != "tiny")
         self.bypass = tuple(config.pipeline.bypass)
         self.targets = tuple(config.pipeline.targets)
         self.order = prerequisites(self.targets, self.graph)

