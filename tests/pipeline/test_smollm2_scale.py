@@ -44,6 +44,10 @@ def test_every_stage_and_the_evaluation_use_lora_and_the_bash_format(pipe):
             assert cfg.harness.system_prompt == "", name  # the format's default prompt
             assert (cfg.harness.max_turns, cfg.harness.max_output_tokens) == (2, 128), name
     assert configs["base"].sft.num_microbatches == 2
+    # the base SFT sees half of the training families; the rest come through RSR and RPR
+    base, rest = set(configs["base"].tasks.families), set(configs["rsr1"].tasks.families)
+    assert base < rest and len(base) == len(rest) // 2
+    assert set(configs["eval"].tasks.families) == rest == set(configs["rpr1_fdr"].tasks.families)
     assert configs["rpr2_spr"].actor_opt.learning_rate == pytest.approx(
         configs["rpr1_fdr"].actor_opt.learning_rate / 5)
     assert configs["warmup_critic"].num_steps == 3  # the scale's per-stage setting
