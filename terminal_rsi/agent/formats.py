@@ -76,6 +76,10 @@ class ActionFormat(abc.ABC):
     """One way of writing an action in a reply (see the module doc)."""
 
     name: str
+    # a reply writes a multi-line command as its own lines (bash block, XML keystrokes), not
+    # as a quoted string: runbook guidance shows such commands the same way
+    # (terminal_rsi.rsr.runbook.Runbook.to_guidance)
+    literal_commands: bool = True
 
     @abc.abstractmethod
     def schema(self, terminal: str) -> str:
@@ -140,6 +144,7 @@ class JSONFormat(ActionFormat):
     """The Terminus JSON object (`terminal_rsi.agent.actions.parse_action`)."""
 
     name = "json"
+    literal_commands = False  # a JSON string: "a\nb"
 
     def schema(self, terminal: str) -> str:
         _check_terminal(terminal)

@@ -6,7 +6,8 @@
 
 The guided prompt of a segment is the ordinary H0 prompt (system, then the public task
 x_pub as the user message) followed by one more user message holding I_exec and the runbook
-text (`guidance_text`); x_pub is therefore already in front of it (I_exec ⊕ x_pub ⊕ b).
+text (`guidance_text`, multi-line commands written as the harness's action format writes
+them); x_pub is therefore already in front of it (I_exec ⊕ x_pub ⊕ b).
 The harness (`HarnessConfig.private_guidance`) records the prompt of every segment rendered
 *without* the guidance in `traj.meta["public_prompt_ids"]`.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.harness import HarnessConfig
 from terminal_rsi.agent.trajectory import Trajectory
 from terminal_rsi.rsr.runbook import Runbook
@@ -37,9 +39,12 @@ class GuidanceError(ValueError):
     """A guided trajectory cannot be turned into its public view (public prompts missing)."""
 
 
-def guidance_text(runbook: Runbook | str, instruction: str = EXEC_INSTRUCTION) -> str:
-    """I_exec ⊕ b as one message (x_pub precedes it in the prompt)."""
-    text = runbook.to_text() if isinstance(runbook, Runbook) else str(runbook)
+def guidance_text(runbook: Runbook | str, instruction: str = EXEC_INSTRUCTION, *,
+                  action_format: str = "json") -> str:
+    """I_exec ⊕ b as one message (x_pub precedes it in the prompt); a Runbook's commands
+    written as the harness's `action_format` writes them (`Runbook.to_guidance`)."""
+    text = (runbook.to_guidance(get_format(action_format).literal_commands)
+            if isinstance(runbook, Runbook) else str(runbook))
     return f"{instruction}\n{text}" if instruction else text
 
 
@@ -50,7 +55,8 @@ def execution_harness(base: HarnessConfig, runbook: Runbook | str, *,
         raise GuidanceError(f"harness {base.name!r} already carries private guidance; build "
                             "the execution harness from the plain target harness")
     return dataclasses.replace(base, name=base.name + GUIDED_SUFFIX,
-                               private_guidance=guidance_text(runbook, instruction))
+                               private_guidance=guidance_text(
+                                   runbook, instruction, action_format=base.action_format))
 
 
 def is_guided(traj: Trajectory) -> bool:

@@ -44,6 +44,7 @@ MAX_STEP_CHARS = 600
 HEADER = "Runbook:"
 COMMAND_PREFIX = "run: "
 COMPLETE_STEP = "declare the task complete"
+FENCE = "```"  # around a multi-line command in `Runbook.to_guidance(literal_commands=True)`
 
 # Programs that only read (with no redirection, -i, tee, -exec, -delete they change nothing).
 READ_ONLY_PROGRAMS = frozenset((
@@ -95,6 +96,26 @@ class Runbook:
     def to_text(self) -> str:
         head = f"{HEADER} {self.goal}".rstrip()
         return "\n".join([head] + [f"{i}. {s}" for i, s in enumerate(self.steps, 1)])
+
+    def to_guidance(self, literal_commands: bool = False) -> str:
+        """The runbook as the executing agent reads it. Without `literal_commands` this is
+        `to_text` (a multi-line command as a JSON string: what a JSON action writes too).
+        With it, a multi-line command is shown as its own lines in a fenced block under its
+        step (`1. run:` then ```` ``` ````, the lines, ```` ``` ````): the form a bash block or
+        an XML keystrokes element takes, so the agent copies lines, not escapes (a model
+        handed `run: "a\\nb"` in the bash format wrote the two characters `\\n` into its
+        script). Display only: `parse` reads `to_text`."""
+        if not literal_commands:
+            return self.to_text()
+        lines = [f"{HEADER} {self.goal}".rstrip()]
+        for i, step in enumerate(self.steps, 1):
+            is_command = step.startswith(COMMAND_PREFIX.strip())
+            command = _step_command(step, i) if is_command else ""
+            if "\n" in command or (is_command and command != command.strip()):
+                lines += [f"{i}. {COMMAND_PREFIX.strip()}", FENCE, command, FENCE]
+            else:
+                lines.append(f"{i}. {step}")
+        return "\n".join(lines)
 
     @classmethod
     def parse(cls, text: str) -> Runbook:

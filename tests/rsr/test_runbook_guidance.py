@@ -1,8 +1,11 @@
 """Runbook text round trip and validation, the digest planner, private guidance and P(τ̃)."""
 
+import json
+
 import pytest
 
 from terminal_rsi.agent import HarnessConfig, ReferencePolicy, run_episode
+from terminal_rsi.agent.formats import get_format
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rsr.guidance import (
     GuidanceError,
@@ -108,6 +111,28 @@ def test_guidance_in_prompt_and_public_view_removes_it():
         pub.turns[0].prompt_ids
     with pytest.raises(GuidanceError, match="already carries"):
         execution_harness(h, rb)
+
+
+@pytest.mark.parametrize("fmt", ["json", "xml", "bash"])
+def test_guidance_writes_multiline_commands_as_the_format_does(fmt):
+    """JSON replies quote a multi-line command, bash blocks and XML keystrokes hold its lines:
+    the runbook in the guidance shows it the same way (a model handed the JSON string in the
+    bash format copied the escape `\\n` into its script)."""
+    cmd = "grep -c ERROR app.log > errors.txt\nwc -l < app.log > total.txt"
+    rb = digest_runbook("count", [cmd, "ls out"])
+    g = execution_harness(HarnessConfig(action_format=fmt), rb).private_guidance
+    assert g == guidance_text(rb, action_format=fmt)
+    if fmt == "json":
+        assert f"1. run: {json.dumps(cmd)}\n2. run: ls out" in g and "```" not in g
+        assert Runbook.parse(g) == rb
+        return
+    block = f"```\n{cmd}\n```"
+    assert f"1. run:\n{block}\n2. run: ls out\n3. declare the task complete" in g
+    assert "\\n" not in g
+    if fmt == "bash":  # the block, copied into a reply, runs the command as recorded
+        assert get_format("bash").parse(block).commands[0].keystrokes == cmd
+    one_line = digest_runbook("count", ["ls out"])
+    assert one_line.to_guidance(literal_commands=True) == one_line.to_text()
 
 
 def test_public_view_needs_recorded_prompts():
