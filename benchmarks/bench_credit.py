@@ -1,6 +1,7 @@
-"""Benchmark TB-GAE: both JAX methods against a per-token Python loop and a memory-traffic floor.
+"""Benchmark TB-GAE: the JAX methods against a per-token Python loop and a memory-traffic floor.
 
     python benchmarks/bench_credit.py [--repeats 5] [--shapes 1x262144,8x262144,256x8192]
+                                      [--methods fused,scan,associative,blocked]
 
 For each [B, L] it reports milliseconds (median of repeats, after a compile
 warm-up) for:
@@ -8,16 +9,19 @@ warm-up) for:
   * loop:    a per-token Python loop over NumPy arrays, as common GAE code does
              (timed on a slice of the rows and scaled linearly when the full array would
              take too long; the table says so);
-  * scan / associative / blocked: `terminal_rsi.credit.tb_gae`, jitted, float32;
-and the ratios of each method to the floor and the loop's time over scan and blocked.
-Inputs are random multi-turn interactions with
-observation spans (about 60% generated positions).
+  * fused (the default) / scan / associative / blocked: `terminal_rsi.credit.tb_gae`,
+             jitted, float32;
+then each method's time over the floor (measured in the same run) and the loop's time over
+the default method's. Inputs are random multi-turn interactions with observation spans
+(about 60% generated positions). The machine's load average is printed before and after:
+the timings are only as good as the machine is quiet.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import pathlib
 import sys
 import time
@@ -86,49 +90,67 @@ def timeit(fn, repeats):
     return float(np.median(times)) * 1e3
 
 
+METHODS = ("fused", "scan", "associative", "blocked")  # the first is tb_gae's default
+SHORT = {"fused": "fused", "scan": "scan", "associative": "assoc", "blocked": "blocked"}
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+        return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+    except OSError:
+        return "load average unknown"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--shapes", default="1x262144,8x262144,256x8192")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="comma-separated tb_gae methods to time")
     parser.add_argument("--loop-budget", type=int, default=300_000,
                         help="max positions the Python loop runs (then scaled)")
     args = parser.parse_args()
+    methods = args.methods.split(",")
     rng = np.random.default_rng(0)
     gamma, lam = 0.95, 0.9
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, float32, median of "
-          f"{args.repeats}")
-    header = (f"{'[B, L]':>14} {'floor ms':>9} {'loop ms':>10} {'scan ms':>9} {'assoc ms':>9} "
-              f"{'blocked ms':>10} {'scan/floor':>10} {'assoc/floor':>11} {'blocked/floor':>13} "
-              f"{'loop/scan':>9} {'loop/blocked':>12}")
+          f"{args.repeats}; {os.cpu_count()} CPUs, {load_average()}")
+    names = [SHORT.get(m, m) for m in methods]
+    header = (f"{'[B, L]':>14} {'floor ms':>9} {'loop ms':>9} "
+              + " ".join(f"{n + ' ms':>10}" for n in names) + " "
+              + " ".join(f"{n + '/floor':>13}" for n in names)
+              + f" {'loop/' + names[0]:>12}")
     print(header)
-    rows = []
     for spec in args.shapes.split(","):
         batch, length = (int(x) for x in spec.split("x"))
         inputs = make_inputs(rng, batch, length)
         dev = [jnp.asarray(x) for x in inputs]
         out_a, out_r = np.empty_like(inputs[0]), np.empty_like(inputs[0])
         t_floor = timeit(lambda: floor(*inputs, out_a, out_r), args.repeats)
-        jitted = {}
-        for method in ("scan", "associative", "blocked"):
+        times = {}
+        for method in methods:
             f = jax.jit(functools.partial(tb_gae, gamma_turn=gamma, lambda_turn=lam,
                                           method=method))
             jax.block_until_ready(f(*dev))  # compile
-            jitted[method] = timeit(lambda f=f: jax.block_until_ready(f(*dev)), args.repeats)
+            times[method] = timeit(lambda f=f: jax.block_until_ready(f(*dev)), args.repeats)
         loop_rows = max(1, min(batch, args.loop_budget // length))
         sub = [x[:loop_rows] for x in inputs]
         ref_a, _ = python_loop(*sub, gamma, lam)
-        got = np.asarray(jax.jit(functools.partial(tb_gae, gamma_turn=gamma, lambda_turn=lam))(
-            *[jnp.asarray(x) for x in sub])[0])
-        np.testing.assert_allclose(got, ref_a, rtol=1e-4, atol=1e-4)
+        for method in methods:
+            got = np.asarray(jax.jit(functools.partial(
+                tb_gae, gamma_turn=gamma, lambda_turn=lam, method=method))(
+                    *[jnp.asarray(x) for x in sub])[0])
+            np.testing.assert_allclose(got, ref_a, rtol=1e-4, atol=1e-4)
         t_loop = timeit(lambda: python_loop(*sub, gamma, lam), 1) * batch / loop_rows
         scaled = "*" if loop_rows < batch else " "
-        sc, assoc, blk = jitted["scan"], jitted["associative"], jitted["blocked"]
-        row = (f"{spec:>14} {t_floor:9.2f} {t_loop:9.0f}{scaled} {sc:9.2f} {assoc:9.2f} "
-               f"{blk:10.2f} {sc / t_floor:10.1f} {assoc / t_floor:11.1f} {blk / t_floor:13.1f} "
-               f"{t_loop / sc:9.0f} {t_loop / blk:12.0f}")
+        row = (f"{spec:>14} {t_floor:9.2f} {t_loop:8.0f}{scaled} "
+               + " ".join(f"{times[m]:10.2f}" for m in methods) + " "
+               + " ".join(f"{times[m] / t_floor:13.1f}" for m in methods)
+               + f" {t_loop / times[methods[0]]:12.0f}")
         print(row, flush=True)
-        rows.append(row)
     print("* loop timed on a subset of rows and scaled linearly to the full batch")
+    print(f"after: {load_average()}")
 
 
 if __name__ == "__main__":

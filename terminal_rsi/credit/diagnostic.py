@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.credit.reference import tb_gae_double_sum
-from terminal_rsi.credit.turn_boundary_gae import tb_gae
+from terminal_rsi.credit.turn_boundary_gae import METHODS, tb_gae
 
-METHOD_NAMES = ("scan", "associative", "blocked")
+METHOD_NAMES = METHODS
 ERRORS = ("reference_error", "insertion_error", "continuation_error", "negative_control_error")
 
 

@@ -24,11 +24,21 @@ which is right only for complete episodes. A truncated episode must continue
 from `bootstrap_carry` (value of the cut-off state, unknown future trace 0),
 never from an implied zero.
 
-Two methods compute the same function:
-  * ``"scan"``: a reverse `lax.scan` over positions, one step per token.
+Four methods compute the same function:
+  * ``"fused"`` (the default): one sequential pass per group of at most 8 rows, a
+    `lax.fori_loop` over positions whose whole step (successor fill, clock, Eq. 9)
+    stays in the loop state. The loop is small enough for XLA:CPU to compile it
+    into one native loop instead of dispatching its ops step by step; see
+    `_tb_gae_fused`. Chunk continuation is bit-exact.
+  * ``"scan"``: a reverse `lax.scan` over positions, one step per token (the same
+    float operations as ``"fused"``, so also bit-exact, but several times slower
+    on CPU).
   * ``"associative"``: `lax.associative_scan` in O(log L) depth: a
     "next generated position" fill, then an affine-map composition for
     A_j = b_j + a_j A_{j'}.
+  * ``"blocked"``: a two-level scan over √L blocks (see `_tb_gae_blocked`).
+The parallel methods regroup float sums: they agree with the sequential ones up
+to rounding, and their chunked runs agree with unsplit runs only up to rounding.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 Array = jax.Array
 
@@ -296,11 +307,100 @@ def _tb_gae_blocked(rewards, values, turn_ids, gen_mask, dones, carry, gamma, la
     return adv, carry_out
 
 
+# Rows per sequential pass of `fused` (float32; 4 for float64): a larger group's step touches
+# more than XLA:CPU's small-loop limit and falls back to op-by-op dispatch.
+_FUSED_ROWS = 8
+
+
+def _tb_gae_fused(rewards, values, turn_ids, gen_mask, dones, carry, gamma, lam, unit_clock):
+    """One sequential pass per group of at most 8 rows, the whole step inside the loop.
+
+    The state after each position is the recursion state itself, (A, v, t) of the nearest
+    generated position at or after it; a non-generated position passes it through. Where no
+    successor exists the state starts at A = v = 0, so Eq. 9's successor terms vanish whatever
+    the clock (Γ_j only multiplies them). The step performs the float operations of `scan` in
+    the same order (the tests check the results are bitwise equal; XLA:CPU contracts each
+    multiply-add into an FMA in both), and a chunked run performs exactly those of the
+    unsplit run.
+
+    Why it is fast on CPU: XLA:CPU compiles a while loop whose step touches under ~1 kB
+    (`xla_cpu_small_while_loop_byte_threshold`) into one native loop, instead of dispatching
+    each of the step's ops as a separate kernel (~0.1–1 µs each, which is what makes `scan`
+    slow). A float32 step over 8 rows stays under that limit, so rows are taken 8 at a time
+    (one group when B ≤ 8; 4 at a time in float64) and the groups run one after another.
+    Rewards are transposed to time-major [groups, L, rows] and overwritten in place by the
+    advantages (no zero-filled output buffer); the other inputs are read in their [B, L]
+    layout, one column per step. The compiled loop is scalar code, ~3–4 ns per position
+    and row on this CPU: most of the method's time (docs/performance.md).
+    """
+    batch, length = rewards.shape
+    dtype = values.dtype
+    n_groups = -(-batch // (_FUSED_ROWS if jnp.dtype(dtype).itemsize <= 4 else _FUSED_ROWS // 2))
+    rows = -(-batch // n_groups)  # balance the groups: padding only when B has no such split
+    pad = n_groups * rows - batch
+    gl = gamma * lam
+    one = jnp.ones((), dtype)
+    state0 = (jnp.where(carry.exists, carry.advantage, 0).astype(dtype),
+              jnp.where(carry.exists, carry.value, 0).astype(dtype), carry.turn_id)
+    xs = (values, turn_ids, gen_mask, dones)
+    if pad:  # padded rows generate nothing: they pass their (zero) state through
+        xs = tuple(jnp.pad(x, ((0, pad), (0, 0))) for x in xs)
+        rewards = jnp.pad(rewards, ((0, pad), (0, 0)))
+        state0 = tuple(jnp.pad(s, (0, pad)) for s in state0)
+
+    def step(state, r, v, t, g, d):  # one position, `rows` rows: Eq. 8-9 as in `scan`
+        a_next, v_next, t_next = state
+        not_done = jnp.where(d, 0, 1).astype(dtype)
+        if unit_clock:
+            big_gamma, big_gl = gamma, gl
+        else:
+            same_turn = t == t_next
+            big_gamma, big_gl = jnp.where(same_turn, one, gamma), jnp.where(same_turn, one, gl)
+        delta = r + big_gamma * not_done * v_next - v
+        adv = delta + big_gl * not_done * a_next
+        return jnp.where(g, adv, a_next), jnp.where(g, v, v_next), jnp.where(g, t, t_next)
+
+    # [B, L] -> [groups, L, rows]: the advantages overwrite the rewards, position by position.
+    buf = rewards.reshape(n_groups, rows, length).transpose(0, 2, 1)
+
+    def group(i, loop_state):
+        buf, final = loop_state
+        first = i * rows
+
+        def position(k, inner):
+            state, buf = inner
+            j = length - 1 - k
+            col = [lax.dynamic_slice(x, (first, j), (rows, 1))[:, 0] for x in xs]
+            state = step(state, buf[i, j], *col)
+            return state, lax.dynamic_update_slice(buf, state[0][None, None], (i, j, 0))
+
+        start = tuple(lax.dynamic_slice_in_dim(s, first, rows) for s in state0)
+        state, buf = lax.fori_loop(0, length, position, (start, buf))
+        final = tuple(lax.dynamic_update_slice_in_dim(f, s, first, 0)
+                      for f, s in zip(final, state, strict=True))
+        return buf, final
+
+    buf, final = lax.fori_loop(0, n_groups, group, (buf, jax.tree.map(jnp.zeros_like, state0)))
+    adv_all = buf.transpose(0, 2, 1).reshape(n_groups * rows, length)[:batch]
+    final = tuple(f[:batch] for f in final)
+    adv = jnp.where(gen_mask, adv_all, 0)
+    any_gen = gen_mask.any(axis=1)  # rows with nothing generated pass the carry through as is
+    carry_out = Carry(
+        value=jnp.where(any_gen, final[1], carry.value),
+        advantage=jnp.where(any_gen, final[0], carry.advantage),
+        turn_id=jnp.where(any_gen, final[2], carry.turn_id),
+        exists=any_gen | carry.exists,
+    )
+    return adv, carry_out
+
+
 _METHODS = {
+    "fused": _tb_gae_fused,
     "scan": _tb_gae_scan,
     "associative": _tb_gae_associative,
     "blocked": _tb_gae_blocked,
 }
+METHODS = tuple(_METHODS)  # the `method` names tb_gae and gae accept; the first is the default
 
 
 def _run(rewards, values, turn_ids, gen_mask, dones, carry, gamma, lam, method, unit_clock):
@@ -333,7 +433,7 @@ def tb_gae(
     gamma_turn: float | Array,
     lambda_turn: float | Array,
     carry: Carry | None = None,
-    method: str = "scan",
+    method: str = "fused",
 ) -> tuple[Array, Array, Carry]:
     """TB-GAE advantages and returns (Eq. 8–10) over [B, L] flattened interactions.
 
@@ -348,7 +448,9 @@ def tb_gae(
       gamma_turn, lambda_turn: scalars in [0, 1] applied across turn boundaries.
       carry: successor state after position L-1 (chunk continuation or a
         bootstrap for truncation); None means nothing follows.
-      method: "scan" (reverse lax.scan) or "associative" (lax.associative_scan).
+      method: "fused" (default; a sequential pass compiled into one loop), "scan"
+        (reverse lax.scan; the same float operations), "associative"
+        (lax.associative_scan) or "blocked" (two-level scan); see the module doc.
 
     Returns:
       advantages [B, L], returns [B, L] (= advantages + values on generated
@@ -369,7 +471,7 @@ def gae(
     gamma: float | Array,
     lam: float | Array,
     carry: Carry | None = None,
-    method: str = "scan",
+    method: str = "fused",
 ) -> tuple[Array, Array, Carry]:
     """Per-token GAE with observation skipping: TB-GAE where every generated token is its own turn.
 

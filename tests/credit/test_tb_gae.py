@@ -20,7 +20,8 @@ from terminal_rsi.credit import (
 from terminal_rsi.credit.reference import tb_gae_double_sum, textbook_gae
 from tests.credit.helpers import random_interaction
 
-METHODS = ("scan", "associative", "blocked")
+METHODS = ("scan", "associative", "blocked", "fused")
+SEQUENTIAL = ("scan", "fused")  # same float operations unsplit and chunked: bit-exact
 CLOCKS = ((0.9, 0.8), (1.0, 1.0), (0.0, 0.5), (0.7, 0.0))
 
 
@@ -38,8 +39,7 @@ def _gae(method):
 
 # One function object per (estimator, method): jit caches compiled code across tests by
 # function identity, and gamma/lam are traced arguments, so each shape compiles once.
-_FNS = {(name, m): make(m) for name, make in (("tb", _tb), ("gae", _gae)) for m in
-        ("scan", "associative", "blocked")}
+_FNS = {(name, m): make(m) for name, make in (("tb", _tb), ("gae", _gae)) for m in METHODS}
 
 
 def _run(variant, method, gamma, lam, *arrays, carry=None, fn=tb_gae):
@@ -115,8 +115,8 @@ class TbGaeInvarianceTest(chex.TestCase):
         g2, d2 = widen(g, False), widen(d, False)
         adv2, ret2, _ = _run(self.variant, method, 0.9, 0.7, *_as(jnp.float32, r2, v2, t2, g2, d2))
         keep = idx >= 0
-        # Bit-identical for the sequential scan; the parallel methods regroup float sums.
-        check = (np.testing.assert_array_equal if method == "scan" else
+        # Bit-identical for the sequential methods; the parallel ones regroup float sums.
+        check = (np.testing.assert_array_equal if method in SEQUENTIAL else
                  functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-6))
         check(np.asarray(adv2)[:, keep], np.asarray(base_adv))
         check(np.asarray(ret2)[:, keep], np.asarray(base_ret))
@@ -140,14 +140,14 @@ class TbGaeInvarianceTest(chex.TestCase):
             adv_h, ret_h, carry_h = _run(self.variant, method, 0.8, 0.6, *head, carry=carry_t)
             adv = np.concatenate([adv_h[:, L - b:], adv_t[:, :L - b]], axis=1)
             ret = np.concatenate([ret_h[:, L - b:], ret_t[:, :L - b]], axis=1)
-            if method == "scan":
+            if method in SEQUENTIAL:
                 np.testing.assert_array_equal(adv, full_adv, err_msg=f"split at {b}")
                 np.testing.assert_array_equal(ret, full_ret, err_msg=f"split at {b}")
             else:
                 np.testing.assert_allclose(adv, full_adv, rtol=1e-6, atol=1e-6)
                 np.testing.assert_allclose(ret, full_ret, rtol=1e-6, atol=1e-6)
             for a, c in zip(carry_h, full_carry, strict=True):
-                if method == "scan":
+                if method in SEQUENTIAL:
                     np.testing.assert_array_equal(a, c)
                 else:
                     np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-6)
@@ -164,7 +164,10 @@ class TbGaeInvarianceTest(chex.TestCase):
             adv, _, carry = _run(self.variant, method, 0.95, 0.9, *[x[:, lo:hi] for x in arrays],
                                  carry=carry)
             parts.insert(0, adv)
-        np.testing.assert_allclose(np.concatenate(parts, 1), full_adv, rtol=1e-6, atol=1e-6)
+        if method in SEQUENTIAL:  # unpadded chunks: three more compiled shapes, same bits
+            np.testing.assert_array_equal(np.concatenate(parts, 1), full_adv)
+        else:
+            np.testing.assert_allclose(np.concatenate(parts, 1), full_adv, rtol=1e-6, atol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
     @parameterized.parameters(*METHODS)
