@@ -4,7 +4,8 @@
 
 Block 1 (`stage_table`), one row per stage in graph order: per suite strict Mean@k and
 pass@k (k = the evaluation's k) as mean ± sd over the runs (seeds) that evaluated the
-stage, with the spread (min–max) in brackets; the process reward on held-out instances; the
+stage, with the spread (min–max) in brackets; the process reward and the critic's explained
+variance on held-out instances (the critic of a warm-up stage on its input's episodes); the
 stage's wall time including its evaluation and validation (`wall_s` + `eval_wall_s` +
 `validation.wall_s`, whichever the ledger has; mean over runs); and the validation decisions
 ("kept 2/3, input 1/3": the model selection of `terminal_rsi.pipeline.validation`).
@@ -79,6 +80,11 @@ def process_reward(e: dict | None, suite: str) -> float | None:
     return suite_eval(e, suite).get("process_reward")
 
 
+def critic_ev(e: dict | None, suite: str) -> float | None:
+    """The stage critic's explained variance on the suite's evaluation episodes."""
+    return suite_eval(e, suite).get("explained_variance")
+
+
 def run_eval_k(ledgers: Sequence[dict], default: int = 3) -> int:
     """The evaluation's k over every run (`ledger.eval_k`; `default` where none records one)."""
     k = eval_k([st for led in ledgers for st in led.get("stages", [])])
@@ -102,15 +108,16 @@ def values(entries: Sequence[dict | None], get, suite: str | None = None) -> lis
     return [float(x) for x in xs if isinstance(x, int | float)]
 
 
-def spread_cell(xs: Sequence[float]) -> str:
-    """Percent: "m" for one run, "m ± sd (min–max)" for more (sample sd)."""
+def spread_cell(xs: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
+    """`scale`·x (percent by default): "m" for one run, "m ± sd (min–max)" for more (sample
+    sd), `digits` decimals."""
     if not xs:
         return "-"
-    m = 100 * float(np.mean(xs))
+    m = scale * float(np.mean(xs))
     if len(xs) == 1:
-        return f"{m:.1f}"
-    return (f"{m:.1f} ± {100 * float(np.std(xs, ddof=1)):.1f} "
-            f"({100 * min(xs):.1f}–{100 * max(xs):.1f})")
+        return f"{m:.{digits}f}"
+    return (f"{m:.{digits}f} ± {scale * float(np.std(xs, ddof=1)):.{digits}f} "
+            f"({scale * min(xs):.{digits}f}–{scale * max(xs):.{digits}f})")
 
 
 def wall_cell(xs: Sequence[float]) -> str:
@@ -145,7 +152,8 @@ def stage_row(name: str, entries: Sequence[dict | None], suites: Sequence[str]) 
     for suite in suites:
         cells += [spread_cell(values(entries, mean_at_k, suite)),
                   spread_cell(values(entries, pass_at_k, suite))]
-    cells.append(spread_cell(values(entries, process_reward, suites[0])))
+    cells += [spread_cell(values(entries, process_reward, suites[0])),
+              spread_cell(values(entries, critic_ev, suites[0]), scale=1.0, digits=2)]
     cells += [wall_cell(values(entries, total_wall)), decision_cell(entries)]
     return cells
 
@@ -158,7 +166,8 @@ def stage_table(ledgers: Sequence[dict] | Mapping[str, dict],
     head = ["stage", "runs"]
     for suite in suites:
         head += [f"{suite} Mean@{k} (%)", f"{suite} pass@{k} (%)"]
-    head += [f"{suites[0]} process reward (%)", "wall s (train+eval+validation)",
+    head += [f"{suites[0]} process reward (%)", f"{suites[0]} critic EV",
+             "wall s (train+eval+validation)",
              "validation"]
     lines = [_row(head), "|" + "---|" * len(head)]
     for name in stage_names(runs):

@@ -24,7 +24,7 @@ DECISIONS = {"s0": {"base": "base", "rsr1": "kept", "rpr1": "input"},
 def _suite(mean, pass_k):
     return {"k": K, "num_tasks": 20, "mean_at_k": mean, "pass_at_k": {"1": mean / 2,
                                                                       str(K): pass_k},
-            "process_reward": mean + 0.1}
+            "process_reward": mean + 0.1, "explained_variance": mean - 0.5}
 
 
 def _stage(seed, name):
@@ -82,18 +82,21 @@ def test_stage_table_numbers():
         assert cells[0] == f"{n}/3"
         assert cells[1:5] == [_spread(_column(stage, i)) for i in range(4)]
         assert cells[5] == _spread([x + 0.1 for x in _column(stage, 0)])
+        evs = [x - 0.5 for x in _column(stage, 0)]  # explained variance: not a percent
+        assert cells[6] == (f"{statistics.mean(evs):.2f} ± {statistics.stdev(evs):.2f} "
+                            f"({min(evs):.2f}–{max(evs):.2f})")
         walls = [sum(w for w in WALL[s] if w is not None) for s in SCORES
                  if stage in SCORES[s]]
-        assert cells[6] == f"{statistics.mean(walls):.0f} ({min(walls):.0f}–{max(walls):.0f})"
-    assert rows["base"][7] == "base 2/3, no record 1/3"
-    assert rows["rsr1"][7] == "kept 1/2, no record 1/2"
-    assert rows["rpr1"][7] == "kept 1/3, input 1/3, no record 1/3"
+        assert cells[7] == f"{statistics.mean(walls):.0f} ({min(walls):.0f}–{max(walls):.0f})"
+    assert rows["base"][8] == "base 2/3, no record 1/3"
+    assert rows["rsr1"][8] == "kept 1/2, no record 1/2"
+    assert rows["rpr1"][8] == "kept 1/3, input 1/3, no record 1/3"
 
 
 def test_one_run_and_a_list_of_ledgers():
     rows = _rows(T.stage_table([LEDGERS["s2"]]))  # what the pipeline prints after a run
     assert rows["rsr1"] == ["1/1", _pct(0.30), _pct(0.50), _pct(0.10), _pct(0.10),
-                            _pct(0.40), "12", "-"]
+                            _pct(0.40), "-0.20", "12", "-"]
 
 
 def test_seed_table_and_gain_line():
