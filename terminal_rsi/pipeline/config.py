@@ -24,8 +24,7 @@ from terminal_rsi.sections import ACTION_FORMATS, TERMINALS, Seeded, TaskPool
 from terminal_rsi.settings import Section, Setting, setting
 
 MODELS = ("tiny", "smollm2_135m")
-STAGE_NAMES = ("pretrained", "base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_fdr",
-               "rpr2_spr")
+STAGE_NAMES = tuple(STAGES)  # every stage of the graph, in graph order
 
 
 def _dim(name: str) -> str:

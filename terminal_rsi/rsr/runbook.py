@@ -94,8 +94,10 @@ class Runbook:
     # -- text -----------------------------------------------------------------------
 
     def to_text(self) -> str:
-        head = f"{HEADER} {self.goal}".rstrip()
-        return "\n".join([head] + [f"{i}. {s}" for i, s in enumerate(self.steps, 1)])
+        return "\n".join([self._head()] + [f"{i}. {s}" for i, s in enumerate(self.steps, 1)])
+
+    def _head(self) -> str:
+        return f"{HEADER} {self.goal}".rstrip()
 
     def to_guidance(self, literal_commands: bool = False) -> str:
         """The runbook as the executing agent reads it. Without `literal_commands` this is
@@ -107,11 +109,10 @@ class Runbook:
         script). Display only: `parse` reads `to_text`."""
         if not literal_commands:
             return self.to_text()
-        lines = [f"{HEADER} {self.goal}".rstrip()]
+        lines = [self._head()]
         for i, step in enumerate(self.steps, 1):
             is_command = step.startswith(COMMAND_PREFIX.strip())
-            command = _step_command(step, i) if is_command else ""
-            if "\n" in command or (is_command and command != command.strip()):
+            if is_command and _not_one_clean_line(command := _step_command(step, i)):
                 lines += [f"{i}. {COMMAND_PREFIX.strip()}", FENCE, command, FENCE]
             else:
                 lines.append(f"{i}. {step}")
@@ -155,9 +156,14 @@ class Runbook:
     @staticmethod
     def command_step(command: str) -> str:
         """The step text for `command` (JSON-quoted if it has newlines or outer blanks)."""
-        if "\n" in command or command != command.strip() or command.startswith('"'):
+        if _not_one_clean_line(command) or command.startswith('"'):
             return COMMAND_PREFIX + json.dumps(command)
         return COMMAND_PREFIX + command
+
+
+def _not_one_clean_line(command: str) -> bool:
+    """A command a one-line step cannot hold as it is: newlines or surrounding blanks."""
+    return "\n" in command or command != command.strip()
 
 
 def _step_command(step: str, index: int) -> str:
