@@ -69,6 +69,11 @@ class PPOConfig:
       entropy_coef: coefficient of the entropy bonus (0.00 in the paper).
       temperature: the sampling temperature T of the rollouts; π_θ in the ratio is
         softmax(logits / T), the policy that generated them (1.00 in the paper).
+      is_cap: C of the truncated importance weight w_j = min(π_old/π_behav, C) on the
+        surrogate of each token, π_behav the policy that sampled it (None: no weight; the
+        paper's synchronous RPR has π_behav = π_old).
+      is_band: (lo, hi); tokens whose π_old/π_behav lies outside [lo, hi] leave the policy
+        loss (None: none leave).
     """
 
     clip_low: float = 0.30
@@ -78,6 +83,8 @@ class PPOConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     temperature: float = 1.0
+    is_cap: float | None = None
+    is_band: tuple[float, float] | None = None
 
     def __post_init__(self):
         if not self.temperature > 0.0:
@@ -93,6 +100,13 @@ class PPOConfig:
             raise LossConfigError(
                 f"PPOConfig.kl_coef = {self.kl_coef}, entropy_coef = {self.entropy_coef}; "
                 "coefficients must be >= 0 (0 disables the term)")
+        if self.is_cap is not None and not self.is_cap >= 1.0:
+            raise LossConfigError(f"PPOConfig.is_cap = {self.is_cap}; the truncation cap of "
+                                  "the importance weight must be >= 1 (None: no weight)")
+        if self.is_band is not None and not (
+                len(self.is_band) == 2 and 0.0 <= self.is_band[0] <= 1.0 <= self.is_band[1]):
+            raise LossConfigError(f"PPOConfig.is_band = {self.is_band}; need (lo, hi) with "
+                                  "0 <= lo <= 1 <= hi (None: no masking)")
         if not isinstance(self.aggregation, Aggregation):
             raise LossConfigError(
                 f"PPOConfig.aggregation = {self.aggregation!r}; use an Aggregation member, "
@@ -205,16 +219,28 @@ def _mean_std(stats: dict, prefix: str, n: Array) -> tuple[Array, Array]:
 def ppo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array,
                     config: PPOConfig, *, segment_ids: Array | None = None,
                     ref_logprobs: Array | None = None,
-                    entropy: Array | None = None) -> LossParts:
-    """Asymmetric-clip PPO surrogate (Eq. 14).
+                    entropy: Array | None = None,
+                    behavior_logprobs: Array | None = None) -> LossParts:
+    """Asymmetric-clip PPO surrogate (Eq. 14), with an optional behaviour-policy correction.
 
         ρ_j = exp(log π_θ(y_j|h_j) - log π_old(y_j|h_j))
-        ℓ_j = -min{ρ_j A_j, clip(ρ_j, 1 - ε_ℓ, 1 + ε_h) A_j}
+        ℓ_j = -c_j · min{ρ_j A_j, clip(ρ_j, 1 - ε_ℓ, 1 + ε_h) A_j}
               + β_KL · k3_j - β_H · H_j,     k3_j = exp(q_j) - 1 - q_j,  q_j = log π_ref - log π_θ
         L_π = E_j[ℓ_j]  (aggregation: config.aggregation over mask)
 
     The KL (k3 estimator of KL(π_θ || π_ref) on samples of π_θ) and entropy terms are only
     built when their coefficients are > 0 (then `ref_logprobs` / `entropy` are required).
+
+    c_j corrects for tokens sampled by a behaviour policy π_behav other than π_old (a rollout
+    one policy version behind, or a sampler whose numerics differ from the trainer's), as in
+    decoupled PPO: the ratio stays anchored at π_old (the proximal policy) and
+    r_j = π_old/π_behav (detached) reweights the surrogate,
+
+        c_j = min(r_j, C) if config.is_cap else 1,  times 1[lo <= r_j <= hi] if config.is_band.
+
+    A masked token keeps its place in the aggregation's denominator (it adds 0): masking
+    removes that token's gradient without reweighting the rest of its sample. Either option
+    needs `behavior_logprobs`.
 
     Args:
       logprobs: [B, L] float log π_θ of the taken token at each position (differentiable).
@@ -225,12 +251,16 @@ def ppo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mas
       segment_ids: optional [B, L] int, samples of packed rows (SAMPLE_MEAN / SEQUENCE_SUM).
       ref_logprobs: optional [B, L] float log π_ref.
       entropy: optional [B, L] float per-position entropy of π_θ.
+      behavior_logprobs: optional [B, L] float log π_behav, the sampler's log-probs of the
+        taken tokens (needed by config.is_cap / config.is_band).
 
     Returns:
       LossParts; stats (token level over mask): tokens, clip_low (ρ < 1-ε_ℓ with A < 0:
       the clipped, gradient-free branch is taken), clip_high (ρ > 1+ε_h with A > 0),
       ratio_sum/min/max, approx_kl_sum (k3 of KL(π_old || π_θ): ρ - 1 - log ρ), adv
-      moments, kl_ref_sum and entropy_sum when those terms are on.
+      moments, kl_ref_sum and entropy_sum when those terms are on; with a behaviour
+      correction: behavior_ratio moments (r_j), is_weight_sum (c_j), is_truncated
+      (r_j > C) and behavior_masked (r_j outside the band).
     """
     chex.assert_rank(logprobs, 2)
     chex.assert_equal_shape([logprobs, old_logprobs, advantages, mask])
@@ -241,7 +271,9 @@ def ppo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mas
     ratio = jnp.exp(log_ratio)
     lo, hi = 1.0 - config.clip_low, 1.0 + config.clip_high
     surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, lo, hi) * adv)
-    per_token = -surrogate
+    correction, correction_stats = behavior_correction(old_logprobs, behavior_logprobs, m,
+                                                       config)
+    per_token = -correction * surrogate
     stats = {
         "tokens": jnp.sum(m),
         "clip_low": jnp.sum(m * ((ratio < lo) & (adv < 0))),
@@ -250,6 +282,7 @@ def ppo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mas
         "pg_sum": jnp.sum(m * per_token),
         **{k: v for k, v in _masked_moments("ratio", ratio, m).items() if k != "ratio_sq_sum"},
         **_masked_moments("adv", adv, m),
+        **correction_stats,
     }
     if config.kl_coef > 0:
         if ref_logprobs is None:
@@ -269,6 +302,40 @@ def ppo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mas
     return LossParts(total, denom, stats)
 
 
+def behavior_correction(old_logprobs: Array, behavior_logprobs: Array | None, mask: Array,
+                        config: PPOConfig) -> tuple[Array, dict]:
+    """The per-token factor c_j of `ppo_policy_loss` ([B, L], detached; 1.0 without a
+    correction) and its statistics over `mask` (float).
+
+        r_j = exp(log π_old - log π_behav),  c_j = min(r_j, C) · 1[lo <= r_j <= hi]
+
+    with each factor present only when config.is_cap / config.is_band is set.
+    """
+    if config.is_cap is None and config.is_band is None:
+        return jnp.ones_like(old_logprobs, jnp.float32), {}
+    if behavior_logprobs is None:
+        raise LossConfigError("PPOConfig.is_cap / is_band need behavior_logprobs [B, L] (the "
+                              "sampler's log-probs of the taken tokens)")
+    chex.assert_equal_shape([old_logprobs, behavior_logprobs])
+    m = mask.astype(jnp.float32)
+    log_r = jnp.where(m > 0, jax.lax.stop_gradient(old_logprobs)
+                      - jax.lax.stop_gradient(behavior_logprobs), 0.0).astype(jnp.float32)
+    r = jnp.exp(log_r)
+    c = jnp.ones_like(r) if config.is_cap is None else jnp.minimum(r, config.is_cap)
+    masked = jnp.zeros_like(r, bool)
+    if config.is_band is not None:
+        masked = (r < config.is_band[0]) | (r > config.is_band[1])
+        c = jnp.where(masked, 0.0, c)
+    stats = {
+        **{k: v for k, v in _masked_moments("behavior_ratio", r, m).items()
+           if k != "behavior_ratio_sq_sum"},
+        "is_weight_sum": jnp.sum(m * c),
+        "is_truncated": jnp.sum(m * (r > (config.is_cap or jnp.inf))),
+        "behavior_masked": jnp.sum(m * masked),
+    }
+    return c, stats
+
+
 def finalize_policy_stats(stats: dict) -> dict:
     """Fractions and means from (combined) `ppo_policy_loss` stats."""
     n = stats["tokens"]
@@ -285,9 +352,17 @@ def finalize_policy_stats(stats: dict) -> dict:
         "adv_mean": adv_mean, "adv_std": adv_std,
         "adv_min": stats["adv_min"], "adv_max": stats["adv_max"],
     }
-    for k in ("kl_ref", "entropy"):
+    for k in ("kl_ref", "entropy", "is_weight", "behavior_ratio"):
         if f"{k}_sum" in stats:
-            out[k] = safe_divide(stats[f"{k}_sum"], n)
+            out[f"{k}_mean" if k in ("is_weight", "behavior_ratio") else k] = safe_divide(
+                stats[f"{k}_sum"], n)
+    if "behavior_ratio_sum" in stats:
+        out.update({
+            "behavior_ratio_min": stats["behavior_ratio_min"],
+            "behavior_ratio_max": stats["behavior_ratio_max"],
+            "is_truncated_frac": safe_divide(stats["is_truncated"], n),
+            "behavior_masked_frac": safe_divide(stats["behavior_masked"], n),
+        })
     return out
 
 

@@ -57,15 +57,17 @@ def check_batch(batch: Mapping[str, Any], keys=ACTOR_KEYS, num_microbatches: int
 
 
 def actor_loss_parts(params, graphdef, batch, config: PPOConfig) -> LossParts:
-    """Eq. 14 policy loss parts of one (micro)batch (keys ACTOR_KEYS, optional ref_logprobs
-    and policy_mask: [B, L] bool, the positions the policy loss may use, e.g. all but the
-    malformed replies of `agent.malformed_mask`; the critic ignores it)."""
+    """Eq. 14 policy loss parts of one (micro)batch (keys ACTOR_KEYS, optional ref_logprobs,
+    behavior_logprobs (the sampler's log-probs, for config.is_cap / is_band) and policy_mask:
+    [B, L] bool, the positions the policy loss may use, e.g. all but the malformed replies of
+    `agent.malformed_mask`; the critic ignores it)."""
     lp, ent = actor_logprobs(params, graphdef, batch, with_entropy=config.entropy_coef > 0,
                              temperature=config.temperature)
     mask = policy_mask(batch)
     return ppo_policy_loss(lp, batch["old_logprobs"], batch["advantages"], mask, config,
                            segment_ids=batch["segment_ids"],
-                           ref_logprobs=batch.get("ref_logprobs"), entropy=ent)
+                           ref_logprobs=batch.get("ref_logprobs"), entropy=ent,
+                           behavior_logprobs=batch.get("behavior_logprobs"))
 
 
 def critic_loss_parts(params, graphdef, batch, config: PPOConfig) -> LossParts:

@@ -30,6 +30,7 @@ MODES = ("phase", "warmup_critic")
 REWARD_FNS = ("fdr", "spr", "binary")
 ESTIMATORS = ("tb_gae", "gae")
 CURRICULA = ("cyclic", "reward_variance")
+CORRECTIONS = ("auto", "none", "tis", "mask", "tis_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,10 @@ class PhaseRollout(BatchedRollout):
                               "terminal_rsi.rpr.curriculum)", choices=CURRICULA)
     curriculum_floor: float = setting(0.1, "reward_variance: every family keeps at least this "
                                       "fraction of the mean family weight", lo=0.0)
+    policy_lag: int = setting(0, "0: synchronous (collect, then update); 1: one batch ahead, "
+                              "the rollouts of step k+1 run while step k updates, sampled by "
+                              "the actor before that update (lag 1; a checkpoint waits for "
+                              "them and stores them, so a resume loses none)", lo=0, hi=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +104,25 @@ class PPO(Section):
     mask_malformed: bool = setting(False, "leave replies that did not parse or hit the output "
                                    "limit out of the policy loss (the critic still trains on "
                                    "them; agent.malformed_mask; paper: off)")
+    behavior_correction: str = setting(
+        "auto", "correction for tokens sampled by a policy other than π_old "
+        "(losses.behavior_correction, r = π_old/π_behav): none | tis (surrogate weighted by "
+        "min(r, behavior_is_cap)) | mask (tokens with r outside [behavior_band_low, "
+        "behavior_band_high] leave the policy loss) | tis_mask (both) | auto (tis when "
+        "rollout.policy_lag > 0, else none)", choices=CORRECTIONS)
+    behavior_is_cap: float = setting(2.0, "truncation cap C of the importance weight", lo=1.0)
+    behavior_band_low: float = setting(0.5, "lower end of the kept band of r", lo=0.0, hi=1.0)
+    behavior_band_high: float = setting(2.0, "upper end of the kept band of r", lo=1.0)
+
+    def correction(self, policy_lag: int) -> dict:
+        """`losses.PPOConfig` fields is_cap and is_band of `behavior_correction` at this
+        policy lag."""
+        kind = self.behavior_correction
+        if kind == "auto":
+            kind = "tis" if policy_lag > 0 else "none"
+        return {"is_cap": self.behavior_is_cap if "tis" in kind else None,
+                "is_band": ((self.behavior_band_low, self.behavior_band_high)
+                            if "mask" in kind else None)}
 
 
 @dataclasses.dataclass(frozen=True)

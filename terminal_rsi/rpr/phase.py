@@ -52,12 +52,18 @@ and observations are rendered through it; sampled ids are stored as sampled) and
 `init.actor_weights` / `init.critic_weights` give the weights (without them: the GGUF's
 actor, and its backbone with a zero value head as the critic).
 
-Limitations: rollouts are synchronous (policy lag is always 0 here; `AsyncRollouts` is not
-wired in).
+`rollout.policy_lag = 1` runs one batch ahead: the rollouts of step k+1 run while step k
+updates, sampled by the actor before that update; the PPO loss corrects for the lag with
+`ppo.behavior_correction` (truncated importance weights by default, optionally masking
+tokens outside a ratio band), the sampler's stored log-probs as π_behav; metrics record the
+lag histogram, importance-weight statistics and the masked fraction. A checkpoint waits for
+the batch in flight and stores it (`<workdir>/ahead/`), so a resumed run loses none and at
+`rollout.concurrency = 1` trains on the same episodes as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -102,6 +108,7 @@ from terminal_rsi.rpr.steps import (  # noqa: F401  (PhaseError: re-exported)
     UpdateFns,
     advantage_kwargs,
     config_tasks,
+    restore_ahead,
     run_step,
     save_checkpoint,
 )
@@ -135,9 +142,11 @@ class PhaseResult:
 def ppo_config(config: PhaseConfig) -> PPOConfig:
     """The losses' PPOConfig: the loss fields of `config.ppo`, with the policy temperature of
     the rollouts (the optimized policy is the one that samples them: π_θ at
-    harness.temperature)."""
+    harness.temperature) and the behaviour correction of `ppo.behavior_correction` at the
+    phase's policy lag."""
     return dataclasses.replace(PPOConfig.from_config(config.ppo),
-                               temperature=float(config.harness.temperature))
+                               temperature=float(config.harness.temperature),
+                               **config.ppo.correction(config.rollout.policy_lag))
 
 
 def mesh_shape(config) -> dict[str, int]:
@@ -264,6 +273,7 @@ def _resume(phase: Phase, state: PhaseState, metrics_path: str,
                        data_position=rs.data_position, version=rs.policy_version)
     phase.divisors = FamilyDivisors.from_dict(rs.extra["divisors"])
     phase.curriculum.load(rs.extra.get("curriculum"))
+    restore_ahead(phase, state.step, rs.extra)
     metrics = [m for m in _read_metrics(metrics_path) if m["step"] <= state.step]
     _write_metrics(metrics_path, metrics)
     artifacts.prune_after(phase.traj_dir, state.step)
@@ -292,7 +302,8 @@ def run_phase(config: PhaseConfig, workdir: str, *,
     t_start = time.monotonic()
     # one bar of the phase's steps (the rollout bar of each step nests below it)
     with progress(total=phase.num_steps, initial=state.step, unit="step",
-                  desc="warmup_critic" if config.mode == "warmup_critic" else "rpr") as bar:
+                  desc="warmup_critic" if config.mode == "warmup_critic" else "rpr") as bar, \
+            contextlib.closing(phase):
         while state.step < phase.num_steps:
             state, row = run_step(phase, state)
             if (state.step % config.checkpoint.every == 0

@@ -2,18 +2,28 @@
 over them):
 
     state, row = run_step(phase, state)
-      collect      episodes of the current actor on the curriculum's next tasks
+      collect      episodes of the current actor on the curriculum's next tasks (with
+                   `rollout.policy_lag` 1: the batch launched one step earlier, and the next
+                   one launched in the background before the update)
       make_batch   pack, π_old, pre-token values, advantages (masked, optionally whitened)
       update       `rpr.update.ppo_update`: critic-only through the warm-up, then joint
       evaluate     held-out success every `eval.every` steps
     save_checkpoint(phase, state)
 
-`Phase` is what stays fixed over a run (config, model, tasks, compiled steps, files);
-`PhaseState` is what one step hands to the next and a checkpoint stores.
+`Phase` is what stays fixed over a run (config, model, tasks, compiled steps, files, the
+batch in flight); `PhaseState` is what one step hands to the next and a checkpoint stores.
+
+One batch ahead (`rollout.policy_lag = 1`): the rollouts of step k+1 are sampled by a copy of
+the actor before step k's update (the update donates the live one) while that update runs;
+every episode records its policy version, and the loss corrects for the lag with
+`ppo.behavior_correction` (the sampler's log-probs are π_behav). A checkpoint waits for the
+batch in flight and stores it beside the checkpoint (`ahead_<step>.jsonl`), so a resumed run
+trains on exactly the episodes the uninterrupted one would.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import math
 import os
@@ -22,11 +32,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.advantages import prepare_ppo_batch, whiten_advantages
 from terminal_rsi.agent import (
     HarnessConfig,
+    RolloutResult,
     RolloutScheduler,
     SamplerPolicy,
     SchedulerConfig,
@@ -34,7 +46,7 @@ from terminal_rsi.agent import (
     pack_trajectories,
 )
 from terminal_rsi.agent.scheduler import logprob_gap
-from terminal_rsi.agent.trajectory import write_shard
+from terminal_rsi.agent.trajectory import read_shard, write_shard
 from terminal_rsi.alignment import trained_mask
 from terminal_rsi.checkpoint import RunCheckpointer
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
@@ -89,6 +101,20 @@ class Phase:
     traj_dir: str
     checkpointer: RunCheckpointer
     eval_tasks: list | None = None
+    ahead: cf.Future | None = None  # the next step's RolloutResult (rollout.policy_lag = 1)
+    _pool: cf.ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable, *args, **kwargs) -> cf.Future:
+        """Run `fn` on the phase's one background rollout thread."""
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpr-ahead")
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        """Wait for the background rollout, if any, and stop its thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,10 +184,12 @@ def advantage_means(advantages, trained: np.ndarray,
     return {"adv_mean_trained": mean(trained), "adv_mean_wellformed": mean(trained & ~malformed)}
 
 
-def scheduler(phase: Phase, state: PhaseState, seed: int, oversample: float):
-    """A `RolloutScheduler` of the current actor, scored by the phase's frozen reward."""
+def scheduler(phase: Phase, state: PhaseState, seed: int, oversample: float, params=None):
+    """A `RolloutScheduler` of the current actor (or of `params` at the current version),
+    scored by the phase's frozen reward."""
     c = phase.config
-    pol = SamplerPolicy(phase.sampler, state.actor.params, phase.tokenizer, seed=seed,
+    params = state.actor.params if params is None else params
+    pol = SamplerPolicy(phase.sampler, params, phase.tokenizer, seed=seed,
                         version=state.version)
     harness = HarnessConfig.from_config(c.harness, verify_backend=c.tasks.backend)
     sandbox = task_sandbox_factory(c.tasks)
@@ -176,18 +204,88 @@ def _seed(key: jax.Array) -> int:
     return int(jax.random.randint(key, (), 0, 2**31 - 1))
 
 
-def collect(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Generator):
-    """`rollout.batch_size` trainable episodes of the current actor on the curriculum's next
-    tasks. Returns (the scheduler's `RolloutResult`, state with the new data position)."""
+def _launch(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Generator,
+            params=None):
+    """(a call that collects `rollout.batch_size` trainable episodes of the actor on the
+    curriculum's next tasks, state with the new data position). The draw happens here, in
+    order; only the rollouts run in the call."""
     r = phase.config.rollout
-    sched = scheduler(phase, state, _seed(key), r.oversample)
+    sched = scheduler(phase, state, _seed(key), r.oversample, params)
     n_launch = sched.num_launch(r.batch_size)
-    launch = phase.curriculum.launch(n_launch, state.data_position, rng)
+    tasks = phase.curriculum.launch(n_launch, state.data_position, rng)
     state = dataclasses.replace(state, data_position=state.data_position + n_launch)
-    res = sched.collect(launch, r.batch_size, policy_version=state.version)
+    return lambda: sched.collect(tasks, r.batch_size, policy_version=state.version), state
+
+
+def collect(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Generator):
+    """The step's `RolloutResult` and the state with the new data position: collected now
+    (synchronous, or the first step one batch ahead), or the batch launched one step earlier;
+    with `rollout.policy_lag` 1 the next step's batch is then launched in the background,
+    sampled by a copy of the actor before this step's update."""
+    if phase.ahead is not None:
+        t0 = time.monotonic()
+        res = phase.ahead.result()
+        res.stats["rollout_wait_s"] = time.monotonic() - t0
+        phase.ahead = None
+    else:
+        run, state = _launch(phase, state, key, rng)
+        res = run()
+        res.stats["rollout_wait_s"] = res.stats["elapsed_s"]
     if not res.trajectories:
         raise PhaseError(f"step {state.step}: no trainable episodes ({res.errors[:3]})")
+    if phase.config.rollout.policy_lag and state.step < phase.num_steps:
+        run, state = _launch(phase, state, jax.random.fold_in(key, 1), rng,
+                             params=jax.tree.map(jnp.copy, state.actor.params))
+        phase.ahead = phase.submit(run)
     return res, state
+
+
+AHEAD_STATS = ("elapsed_s", "dropped")
+
+
+def ahead_dir(phase: Phase) -> str:
+    """`<workdir>/ahead`: the batches that were in flight at each kept checkpoint."""
+    return os.path.join(os.path.dirname(phase.checkpointer.directory), "ahead")
+
+
+def ahead_path(phase: Phase, step: int) -> str:
+    """Where the checkpoint of `step` keeps the batch that was in flight."""
+    return os.path.join(ahead_dir(phase), f"step_{step}.jsonl")
+
+
+def store_ahead(phase: Phase, step: int) -> dict:
+    """Wait for the batch in flight and write it beside the checkpoint of `step`; the
+    checkpoint's record of it ({} when none is in flight). Files of checkpoints no longer
+    kept are removed."""
+    directory, keep = ahead_dir(phase), {ahead_path(phase, s)
+                                         for s in [*phase.checkpointer.all_steps(), step]}
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        if os.path.join(directory, name) not in keep:
+            os.remove(os.path.join(directory, name))
+    if phase.ahead is None:
+        return {}
+    os.makedirs(directory, exist_ok=True)
+    res = phase.ahead.result()
+    write_shard(ahead_path(phase, step), res.trajectories)
+    return {"ahead": {"stats": {k: float(res.stats[k]) for k in AHEAD_STATS},
+                      "errors": list(res.errors)}}
+
+
+def restore_ahead(phase: Phase, step: int, extra: dict) -> None:
+    """The batch the checkpoint of `step` stored, as the next step's rollouts (a finished
+    future), when it stored one."""
+    record = extra.get("ahead")
+    if not record:
+        return
+    path = ahead_path(phase, step)
+    if not os.path.exists(path):
+        raise PhaseError(f"the checkpoint of step {step} had a rollout batch in flight, stored "
+                         f"in {path}, which is gone; restore the file, or remove the "
+                         "checkpoints after the last one without it to resume from there")
+    fut: cf.Future = cf.Future()
+    fut.set_result(RolloutResult(read_shard(path), [], [], dict(record["stats"]),
+                                 list(record["errors"])))
+    phase.ahead = fut
 
 
 def make_batch(phase: Phase, state: PhaseState, trajectories: list) -> UpdateBatch:
@@ -210,6 +308,8 @@ def make_batch(phase: Phase, state: PhaseState, trajectories: list) -> UpdateBat
                               num_microbatches=p.num_microbatches, logprob_fn=logprobs,
                               value_fn=grouped_forward(fns.values, groups, widths),
                               next_row=packed.next_row, **phase.advantage_kwargs)
+    # π_behav of the behaviour correction: the sampler's log-probs, token-in/token-out
+    batch["behavior_logprobs"] = packed.logprobs
     if phase.ref_actor is not None:
         batch["ref_logprobs"] = logprobs(phase.ref_actor, batch)
     malformed = malformed_mask(packed, trajectories)
@@ -238,18 +338,22 @@ def write_step_artifacts(phase: Phase, state: PhaseState, trajectories: list,
                            artifacts.credit_arrays(ub.packed, jax.device_get(ub.batch)))
 
 
-def batch_metrics(state: PhaseState, ub: UpdateBatch) -> dict:
+def batch_metrics(phase: Phase, state: PhaseState, ub: UpdateBatch) -> dict:
     """Before the update: sampler vs trainer log-prob gap, the critic's explained variance,
-    policy lag (synchronous rollouts: always 0) and the malformed-token share."""
+    policy lag (mean, max and the share of rows at each lag 0..rollout.policy_lag) and the
+    malformed-token share."""
     packed, batch, trained = ub.packed, ub.batch, ub.trained
     real = packed.policy_version[packed.policy_version >= 0]
     lag = state.version - real
+    hist = {f"policy_lag_frac_{k}": float(np.mean(lag == k)) if lag.size else 0.0
+            for k in range(phase.config.rollout.policy_lag + 1)}
     return {
         "truncated_rows": int(packed.truncated.sum()),
         "malformed_token_frac": float(ub.malformed.sum() / max(packed.gen_mask.sum(), 1)),
         **ub.advantage_means,
         "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,
         "policy_lag_max": int(np.max(lag)) if lag.size else 0,
+        **hist,
         "value_ev_pre_update": explained_variance(np.asarray(batch["old_values"])[trained],
                                                   np.asarray(batch["returns"])[trained]),
         **logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask),
@@ -315,14 +419,15 @@ def run_step(phase: Phase, state: PhaseState) -> tuple[PhaseState, dict]:
     res, state = collect(phase, state, k_roll, rng)
     ub = make_batch(phase, state, res.trajectories)
     write_step_artifacts(phase, state, res.trajectories, ub)
-    before = batch_metrics(state, ub)
+    before = batch_metrics(phase, state, ub)
     state, updated = update(phase, state, ub, rng)
     phase.curriculum.update(res.trajectories)
     row = {"step": state.step, "critic_only": updated.pop("critic_only"),
            "policy_version": state.version, "data_position": state.data_position,
-           **episode_metrics(res.trajectories), **before, "dropped": len(res.dropped),
+           **episode_metrics(res.trajectories), **before, "dropped": int(res.stats["dropped"]),
            "episode_errors": len(res.errors), **updated,
-           "rollout_s": res.stats["elapsed_s"], **phase.curriculum.summary()}
+           "rollout_s": res.stats["elapsed_s"], "rollout_wait_s": res.stats["rollout_wait_s"],
+           **phase.curriculum.summary()}
     if phase.config.eval.every and state.step % phase.config.eval.every == 0:
         row.update(evaluate(phase, state, k_eval))
     row["step_s"] = time.monotonic() - t0
@@ -331,11 +436,12 @@ def run_step(phase: Phase, state: PhaseState) -> tuple[PhaseState, dict]:
 
 def save_checkpoint(phase: Phase, state: PhaseState) -> None:
     """A full resume checkpoint of the step (both train states, PRNG key, policy version,
-    data position, divisor table, curriculum statistics), waited for."""
+    data position, divisor table, curriculum statistics, the batch in flight), waited for."""
     ckpt = phase.checkpointer
     ckpt.save(state.step, actor=state.actor, critic=state.critic, rngs={"phase": state.key},
               policy_version=state.version, data_position=state.data_position,
               extra={"divisors": phase.divisors.to_dict(), "mode": phase.config.mode,
-                     "curriculum": phase.curriculum.to_dict()},
+                     "curriculum": phase.curriculum.to_dict(),
+                     **store_ahead(phase, state.step)},
               force=True)
     ckpt.wait()

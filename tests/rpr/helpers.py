@@ -2,6 +2,7 @@
 
 import functools
 
+import jax
 import numpy as np
 
 from terminal_rsi import registry
@@ -138,3 +139,23 @@ def typed(config):
     `run_phase` takes it."""
     return registry.get_experiment("rpr_phase").check(config)
 
+
+
+# The phase row's wall-clock entries: they differ between runs that train identically.
+TIMING_KEYS = ("rollout_s", "rollout_wait_s", "step_s")
+
+
+def untimed(rows):
+    """Metric rows without their wall-clock entries (what two identical runs must share)."""
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def to_numpy(tree):
+    """A host copy of a pytree of arrays (safe to compare after the source is donated)."""
+    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+
+
+def trees_equal(a, b):
+    """Whether two pytrees hold bit-identical leaves."""
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                                                     strict=True))

@@ -230,3 +230,87 @@ class LossTest(parameterized.TestCase):
         parts = ppo_policy_loss(z, z, z, jnp.zeros((2, 3), bool), PPOConfig())
         self.assertEqual(float(parts.loss), 0.0)
         self.assertEqual(float(parts.denom), 0.0)
+
+
+def np_corrected_policy(lp, old, behav, adv, m, cap, band, agg):
+    """Loop reference of the behaviour-corrected surrogate (decoupled PPO, TIS and masking)."""
+    out = np.zeros_like(lp)
+    for idx in np.ndindex(lp.shape):
+        rho = np.exp(lp[idx] - old[idx])
+        r = np.exp(float(old[idx]) - float(behav[idx]))
+        c = 1.0 if cap is None else min(r, cap)
+        if band is not None and not band[0] <= r <= band[1]:
+            c = 0.0
+        out[idx] = -c * min(rho * adv[idx], min(max(rho, 0.7), 6.0) * adv[idx])
+    return np_aggregate(out, m, agg)
+
+
+class BehaviorCorrectionTest(parameterized.TestCase):
+
+    def _data(self):
+        lp, old, adv, m = _data(11)
+        rng = np.random.default_rng(12)
+        behav = (old + rng.normal(0, 0.7, old.shape)).astype(np.float32)
+        return lp, old, behav, adv, m
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(agg=AGGS, cap=(None, 2.0), band=(None, (0.5, 2.0)))
+    def test_matches_numpy(self, agg, cap, band):
+        lp, old, behav, adv, m = self._data()
+        cfg = PPOConfig(aggregation=agg, is_cap=cap, is_band=band)
+        got = self.variant(lambda *a: ppo_policy_loss(
+            *a[:4], cfg, behavior_logprobs=a[4]).loss)(lp, old, adv, m, behav)
+        want = np_corrected_policy(lp, old, behav, adv, m, cap, band, agg)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_stats_and_gradient(self):
+        """r = π_old/π_behav ∈ {0.4, 1, 1.5, 3}: cap 2 truncates one token, band [0.5, 2]
+        masks two; a masked token has zero gradient, a truncated one is scaled by C."""
+        r = np.array([[0.4, 1.0, 1.5, 3.0]])
+        old = np.zeros((1, 4), np.float32)
+        behav = (-np.log(r)).astype(np.float32)
+        lp = np.full((1, 4), 0.1, np.float32)
+        adv = np.ones((1, 4), np.float32)
+        m = np.ones((1, 4), bool)
+        cfg = PPOConfig(aggregation=Aggregation.TOKEN_MEAN, is_cap=2.0, is_band=(0.5, 2.0))
+
+        def run(x):
+            parts = ppo_policy_loss(x, old, adv, m, cfg, behavior_logprobs=behav)
+            return parts.stats, jax.grad(lambda y: ppo_policy_loss(
+                y, old, adv, m, cfg, behavior_logprobs=behav).total)(x)
+
+        stats, g = self.variant(run)(lp)
+        out = finalize_policy_stats(stats)
+        np.testing.assert_allclose(out["behavior_masked_frac"], 0.5)
+        np.testing.assert_allclose(out["is_truncated_frac"], 0.25)
+        np.testing.assert_allclose(out["behavior_ratio_min"], 0.4, rtol=1e-5)
+        np.testing.assert_allclose(out["behavior_ratio_max"], 3.0, rtol=1e-5)
+        np.testing.assert_allclose(out["is_weight_mean"], (0 + 1 + 1.5 + 0) / 4, rtol=1e-5)
+        rho = np.exp(0.1)
+        np.testing.assert_allclose(g, [[0.0, -rho, -1.5 * rho, 0.0]], rtol=1e-5)
+
+    def test_without_correction_is_unchanged(self):
+        """No option set: the behaviour log-probs are ignored, the loss is the plain Eq. 14."""
+        lp, old, behav, adv, m = self._data()
+        plain = ppo_policy_loss(lp, old, adv, m, PPOConfig())
+        given = ppo_policy_loss(lp, old, adv, m, PPOConfig(), behavior_logprobs=behav)
+        self.assertEqual(float(plain.loss), float(given.loss))
+        self.assertNotIn("is_weight_sum", given.stats)
+
+    def test_identical_policies_change_nothing(self):
+        """π_behav = π_old (synchronous, exact numerics): the correction is the identity."""
+        lp, old, _, adv, m = self._data()
+        plain = ppo_policy_loss(lp, old, adv, m, PPOConfig())
+        cfg = PPOConfig(is_cap=2.0, is_band=(0.5, 2.0))
+        got = ppo_policy_loss(lp, old, adv, m, cfg, behavior_logprobs=old)
+        np.testing.assert_allclose(got.loss, plain.loss, rtol=1e-6)
+
+    def test_errors(self):
+        lp, old, _, adv, m = self._data()
+        with self.assertRaisesRegex(LossConfigError, "behavior_logprobs"):
+            ppo_policy_loss(lp, old, adv, m, PPOConfig(is_cap=2.0))
+        with self.assertRaisesRegex(LossConfigError, "is_cap"):
+            PPOConfig(is_cap=0.5)
+        with self.assertRaisesRegex(LossConfigError, "is_band"):
+            PPOConfig(is_band=(1.5, 2.0))

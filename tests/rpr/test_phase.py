@@ -5,7 +5,6 @@ uninterrupted one, the C2 workdir files (trajectories, credit arrays, summary, T
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
@@ -13,9 +12,7 @@ from configs.rpr_phase import get_config
 from terminal_rsi.agent.trajectory import read_shard
 from terminal_rsi.rpr import run_phase
 from terminal_rsi.rpr.artifacts import CREDIT_KEYS, ScalarWriter, prune_after, read_scalars
-from tests.rpr.helpers import typed
-
-TIMING_KEYS = ("rollout_s", "step_s")
+from tests.rpr.helpers import to_numpy, trees_equal, typed, untimed
 
 # module-scoped fixtures are expensive: keep this module on one xdist worker
 pytestmark = pytest.mark.xdist_group("rpr_phase")
@@ -44,14 +41,6 @@ def _config():
     return c
 
 
-def _np(tree):
-    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
-
-
-def _equal(a, b):
-    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
-                                                     strict=True))
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -60,11 +49,11 @@ def runs(tmp_path_factory):
     first = {}
 
     def on_step(step, actor, critic, row):
-        first[step] = (_np(actor.params), _np(critic.params), row)
+        first[step] = (to_numpy(actor.params), to_numpy(critic.params), row)
 
     from terminal_rsi.rpr.phase import initial_states, model_config
 
-    init_actor = _np(initial_states(config, model_config(config))[0].params)
+    init_actor = to_numpy(initial_states(config, model_config(config))[0].params)
     a = run_phase(typed(config), workdir, stop_after=2, on_step=on_step)
     # Leftovers of a step past the last checkpoint (written before a crash): a metrics line,
     # step files and a TensorBoard scalar; all must be discarded / hidden on resume.
@@ -81,9 +70,9 @@ def runs(tmp_path_factory):
     resumed = {}
     second = {}
     b = run_phase(typed(config), workdir, on_resume=lambda rs: resumed.update(
-        step=rs.step, actor=_np(rs.actor.params), critic=_np(rs.critic.params),
+        step=rs.step, actor=to_numpy(rs.actor.params), critic=to_numpy(rs.critic.params),
         data_position=rs.data_position),
-        on_step=lambda s, ac, cr, row: second.update({s: (_np(ac.params), row)}))
+        on_step=lambda s, ac, cr, row: second.update({s: (to_numpy(ac.params), row)}))
     straight_dir = str(tmp_path_factory.mktemp("rpr_straight"))
     straight = run_phase(typed(config), straight_dir)
     return dict(workdir=workdir, a=a, b=b, first=first, second=second, resumed=resumed,
@@ -114,10 +103,10 @@ def test_phase_writes_metrics_checkpoints_and_exports(runs):
 
 def test_actor_frozen_during_critic_warmup(runs):
     first, init = runs["first"], runs["init_actor"]
-    assert _equal(first[1][0], init) and _equal(first[2][0], init)  # bit-identical
-    assert not _equal(first[1][1], first[2][1])  # the critic did move
+    assert trees_equal(first[1][0], init) and trees_equal(first[2][0], init)  # bit-identical
+    assert not trees_equal(first[1][1], first[2][1])  # the critic did move
     actor_after_joint = runs["second"][3][0]
-    assert not _equal(actor_after_joint, init)  # joint PPO step moves the actor
+    assert not trees_equal(actor_after_joint, init)  # joint PPO step moves the actor
 
 
 def test_resume_continues_from_the_interrupted_step(runs):
@@ -127,7 +116,7 @@ def test_resume_continues_from_the_interrupted_step(runs):
     assert sorted(runs["second"]) == [3]  # only step 3 ran after the resume
     assert len(b.metrics) == 3 and b.metrics[:2] == a.metrics
     actor2, critic2, row2 = runs["first"][2]
-    assert _equal(res["actor"], actor2) and _equal(res["critic"], critic2)
+    assert trees_equal(res["actor"], actor2) and trees_equal(res["critic"], critic2)
     assert res["data_position"] == row2["data_position"] == 4
     assert runs["second"][3][1]["data_position"] == 6
 
@@ -137,7 +126,8 @@ def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
 
     config = _config()
     config.mode = "warmup_critic"
-    init_actor, init_critic = (_np(s.params) for s in initial_states(config, model_config(config)))
+    init_actor, init_critic = (to_numpy(s.params)
+                               for s in initial_states(config, model_config(config)))
     res = run_phase(typed(config), str(tmp_path))
     # 2 training tasks (2 families x 1), batch 2: one pass is one rollout step
     assert res.step == 1 and [m["critic_only"] for m in res.metrics] == [True]
@@ -147,8 +137,8 @@ def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
 
     train_ids = sorted(t.id for t in config_tasks(config, "train", config.tasks.n_per_family))
     assert sorted(t.task_id for t in shard) == train_ids
-    assert _equal(_np(res.actor.params), init_actor)
-    assert not _equal(_np(res.critic.params), init_critic)
+    assert trees_equal(to_numpy(res.actor.params), init_actor)
+    assert not trees_equal(to_numpy(res.critic.params), init_critic)
     # C2: both roles are exported; the actor is the (unchanged) input actor
     assert sorted(os.listdir(tmp_path / "export")) == ["actor", "critic"]
 
@@ -168,15 +158,16 @@ def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
     config.ppo.critic_epochs = 3
     config.actor_opt.weight_decay = 0.0
     config.eval.every, config.checkpoint.every = 0, 3
-    init_actor, init_critic = (_np(s.params) for s in initial_states(config, model_config(config)))
+    init_actor, init_critic = (to_numpy(s.params)
+                               for s in initial_states(config, model_config(config)))
     res = run_phase(typed(config), str(tmp_path))
     assert [m["critic_only"] for m in res.metrics] == [True, True, False]
     assert all(m["malformed_token_frac"] == 1.0 for m in res.metrics)
     assert [m["critic_updates"] for m in res.metrics] == [6, 6, 6]
     assert [m["actor_updates"] for m in res.metrics] == [0, 0, 2]
     assert res.metrics[-1]["actor/tokens"] == 0.0
-    assert _equal(_np(res.actor.params), init_actor)
-    assert not _equal(_np(res.critic.params), init_critic)
+    assert trees_equal(to_numpy(res.actor.params), init_actor)
+    assert not trees_equal(to_numpy(res.critic.params), init_critic)
     for m in res.metrics:
         assert m["adv_mean_wellformed"] is None and np.isfinite(m["adv_mean_trained"])
     for step in (1, 3):
@@ -188,20 +179,16 @@ def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
         assert not c["advantages"][~g].any()
 
 
-def _untimed(rows):
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
-
-
 def test_resume_equals_uninterrupted_run(runs):
     """Kill after step 2 + resume == 3 uninterrupted steps: metrics (timings excluded) and
     final actor/critic parameters bit-identical (same compiled programs, same restored key,
     data position and states; rollouts deterministic at concurrency 1)."""
     b, straight = runs["b"], runs["straight"]
     assert straight.resumed_from is None and straight.step == b.step == 3
-    assert _untimed(b.metrics) == _untimed(straight.metrics)
-    assert _equal(_np(b.actor.params), _np(straight.actor.params))
-    assert _equal(_np(b.critic.params), _np(straight.critic.params))
-    assert _equal(_np(b.actor.opt_state), _np(straight.actor.opt_state))
+    assert untimed(b.metrics) == untimed(straight.metrics)
+    assert trees_equal(to_numpy(b.actor.params), to_numpy(straight.actor.params))
+    assert trees_equal(to_numpy(b.critic.params), to_numpy(straight.critic.params))
+    assert trees_equal(to_numpy(b.actor.opt_state), to_numpy(straight.actor.opt_state))
     for name in ("step_00003.jsonl", "eval_00003.jsonl"):
         got = [t.to_dict() for t in read_shard(os.path.join(runs["workdir"], "trajectories",
                                                             name))]
@@ -316,15 +303,15 @@ def test_phase_from_a_gguf_model(tmp_path):
     model = load_model(config)
     mcfg = model.config
     assert (mcfg.d_model, mcfg.max_seq_len) == (16, 512)  # GGUF shape, the config's length
-    gguf_actor = _np(weights.load_gguf_params(path, mcfg)[1])
+    gguf_actor = to_numpy(weights.load_gguf_params(path, mcfg)[1])
     actor, critic = initial_states(config, mcfg)
-    assert _equal(_np(actor.params), gguf_actor)
-    assert _equal(_np(critic.params), _np(critic_params_from_actor(gguf_actor)))
+    assert trees_equal(to_numpy(actor.params), gguf_actor)
+    assert trees_equal(to_numpy(critic.params), to_numpy(critic_params_from_actor(gguf_actor)))
     first = {}
     res = run_phase(typed(config), str(tmp_path / "w"), on_step=lambda s, a, c, row: first.update(
-        {s: _np(a.params)}))
+        {s: to_numpy(a.params)}))
     assert [m["critic_only"] for m in res.metrics] == [True, False]
-    assert _equal(first[1], gguf_actor) and not _equal(first[2], gguf_actor)
+    assert trees_equal(first[1], gguf_actor) and not trees_equal(first[2], gguf_actor)
     assert all(m["logprob_gap_max_abs"] < 1e-2 for m in res.metrics)
     tok = model.tokenizer
     for step in (1, 2):
@@ -377,21 +364,21 @@ def test_phase_with_lora_adapters_trains_only_them_and_resumes(tmp_path):
     config.actor_opt.learning_rate = config.critic_opt.learning_rate = 1e-2
     mcfg = model_config(config)
     actor, critic = initial_states(config, mcfg)
-    gguf = _np(weights.load_gguf_params(path, mcfg.without_lora())[1])
-    start_actor, start_critic = _np(actor.params), _np(critic.params)
+    gguf = to_numpy(weights.load_gguf_params(path, mcfg.without_lora())[1])
+    start_actor, start_critic = to_numpy(actor.params), to_numpy(critic.params)
     assert trainable.has_adapters(start_actor) and trainable.has_adapters(start_critic)
-    assert _equal(trainable.split_trainable(start_actor)[1], trainable.split_trainable(
+    assert trees_equal(trainable.split_trainable(start_actor)[1], trainable.split_trainable(
         lora.add_adapters(gguf, mcfg, 0))[1])
     res = run_phase(typed(config), str(tmp_path / "w"))
     end_actor = import_weights(str(tmp_path / "w" / "export"), "actor", start_actor)
     end_critic = import_weights(str(tmp_path / "w" / "export"), "critic", start_critic)
     for start, end in ((start_actor, end_actor), (start_critic, end_critic)):
         moving, frozen = trainable.split_trainable(start)
-        moved, kept = trainable.split_trainable(_np(end))
-        assert _equal(frozen, kept)  # the pretrained weights, bit for bit
-        assert not _equal(moving, moved)
+        moved, kept = trainable.split_trainable(to_numpy(end))
+        assert trees_equal(frozen, kept)  # the pretrained weights, bit for bit
+        assert not trees_equal(moving, moved)
     assert len(res.metrics) == 2
     run_phase(typed(config), str(tmp_path / "r"), stop_after=1)
     run_phase(typed(config), str(tmp_path / "r"))
     again = import_weights(str(tmp_path / "r" / "export"), "actor", start_actor)
-    assert _equal(_np(again), _np(end_actor))
+    assert trees_equal(to_numpy(again), to_numpy(end_actor))
