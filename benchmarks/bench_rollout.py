@@ -1,16 +1,24 @@
-"""Rollout throughput: episodes/min and generated tokens/s, 1 vs N concurrent episodes,
-one-batch-ahead asynchronous step time against max(rollout, update), and the cost of
-unparseable replies with and without `HarnessConfig.max_parse_errors`.
+"""Rollout throughput: episodes/min and generated tokens/s, 1 vs N concurrent episodes, one-
+batch-ahead asynchronous step time against max(rollout, update), and the cost of unparseable
+replies with and without `HarnessConfig.max_parse_errors`.
 
     python benchmarks/bench_rollout.py [--episodes 16] [--concurrency 16] [--max-new 32]
     python benchmarks/bench_rollout.py --parse-errors      # only the max_parse_errors table
+    python benchmarks/bench_rollout.py --phase [--phase-steps 8] [--phase-batch 8]
+                                         # the RPR phase itself, policy_lag 0 vs 1
 
 The policy is the `tiny` preset (random weights, byte tokenizer) through the jitted KV-cache
 sampler, on built-in tasks with local sandboxes; every episode runs the full harness and the
 protected verifier. Compilation is excluded (one warm-up collect per setting). The "update"
-of the async rows is a jitted matmul chain sized to take about as long as a rollout, so
-the ideal async step is max(rollout, update) and the synchronous one rollout + update. On a
-CPU-only machine the update and the sampler share the same cores, so overlap is partial.
+of the async rows is a jitted matmul chain sized to take about as long as a rollout, so the
+ideal async step is max(rollout, update) and the synchronous one rollout + update. On a CPU-
+only machine the update and the sampler share the same cores, so overlap is partial. The
+async table is printed twice: with the tiny model, and with a latency-bound policy (100 ms
+per call, as a remote accelerator) whose rollouts leave the cores free.
+
+`--phase` runs the real RPR phase (`configs/rpr_phase.py`, tiny model, every step joint) at
+`rollout.policy_lag` 0 and 1 and reads each step's rollout, wait and step times from its
+metrics rows; the update time is a step's time minus its wait for rollouts.
 """
 
 from __future__ import annotations
@@ -60,15 +68,18 @@ def make_update(seconds_target: float):
     return lambda: step(x, n).block_until_ready()
 
 
-def latency_rows(args, tok):
-    # ---- the scheduler alone: a latency-bound stand-in policy (a fixed 100 ms per call, like
-    # a remote accelerator at small batch) emitting reference solutions, so sandbox time and
-    # generation overlap and batching are visible apart from CPU contention.
-    class LatencyPolicy(ReferencePolicy):
-        def generate(self, requests):
-            time.sleep(0.1)
-            return super().generate(requests)
+class LatencyPolicy(ReferencePolicy):
+    """A latency-bound stand-in policy: a fixed 100 ms per call (like a remote accelerator at
+    small batch) that emits reference solutions and leaves the CPU free while it waits."""
 
+    def generate(self, requests):
+        time.sleep(0.1)
+        return super().generate(requests)
+
+
+def latency_rows(args, tok):
+    # ---- the scheduler alone: the latency-bound policy, so sandbox time and generation
+    # overlap and batching are visible apart from CPU contention.
     lrows = []
     for conc in (1, args.concurrency):
         sched = RolloutScheduler(LatencyPolicy(tok), HarnessConfig(max_turns=4),
@@ -144,7 +155,18 @@ def main():
                     help="only the latency-bound scheduler rows")
     ap.add_argument("--parse-errors", action="store_true",
                     help="only the max_parse_errors rows")
+    ap.add_argument("--phase", action="store_true",
+                    help="only the RPR phase rows, policy_lag 0 vs 1")
+    ap.add_argument("--phase-steps", type=int, default=8)
+    ap.add_argument("--phase-batch", type=int, default=8)
+    ap.add_argument("--phase-max-new", type=int, default=None,
+                    help="the phase's harness.max_output_tokens (default: the config's)")
+    ap.add_argument("--async-only", action="store_true",
+                    help="only the async tables (tiny model, latency-bound policy)")
     args = ap.parse_args()
+    if args.phase:
+        phase_rows(args)
+        return
 
     tok = ByteTokenizer()
     if args.skip_model:
@@ -171,6 +193,15 @@ def main():
         sampler.sample(policy.params, [[1] * 800] * args.concurrency, key,
                        max_new_tokens=args.max_new)
 
+    if not args.async_only:
+        throughput_rows(args, policy, harness, sampler, cfg, tok)
+    async_rows(args, policy, harness, "tiny model")
+    async_rows(args, LatencyPolicy(tok), HarnessConfig(max_turns=4), "latency-bound policy")
+
+
+def throughput_rows(args, policy, harness, sampler, cfg, tok):
+    """Episodes/min and tokens/s at concurrency 1 vs N, then the latency-bound and
+    unparseable-reply tables."""
     rows = []
     base = None
     for conc in (1, args.concurrency):
@@ -202,7 +233,8 @@ def main():
     latency_rows(args, tok)
     parse_error_rows(args, policy)
 
-    # ---- async: one batch ahead vs synchronous
+def async_rows(args, policy, harness, label):
+    """One batch ahead vs synchronous with a stand-in update sized to one rollout."""
     b = min(8, args.concurrency)
     sched = RolloutScheduler(policy, harness, config=SchedulerConfig(
         concurrency=b, oversample=0.0, max_batch_wait_s=0.05))
@@ -231,12 +263,50 @@ def main():
     ar.close()
     ideal = max(rollout_s, update_s)
     print()
-    print(f"| async ({b} episodes/batch) | seconds | ratio to max(rollout, update) |")
+    print(f"| async, {label} ({b} episodes/batch) | seconds | ratio to max(rollout, update) |")
     print("|---|---|---|")
     for name, v in (("rollout alone", rollout_s), ("update alone", update_s),
                     ("max(rollout, update)", ideal), ("rollout + update", rollout_s + update_s),
                     ("synchronous step", sync_step), ("one-batch-ahead step", async_step)):
         print(f"| {name} | {v:.2f} | {v / ideal:.2f} |")
+
+
+def phase_rows(args):
+    """The RPR phase at policy_lag 0 and 1: medians over the steps after the first two
+    (compilation), each step joint (no critic warm-up), no evaluation, one checkpoint."""
+    import tempfile
+
+    from configs.rpr_phase import get_config
+    from terminal_rsi import registry
+    from terminal_rsi.rpr import run_phase
+
+    rows = {}
+    for lag in (0, 1):
+        c = get_config()
+        c.num_steps, c.rollout.batch_size = args.phase_steps, args.phase_batch
+        c.rollout.policy_lag, c.ppo.critic_warmup_steps = lag, 0
+        c.eval.every, c.checkpoint.every = 0, args.phase_steps
+        if args.phase_max_new:
+            c.harness.max_output_tokens = args.phase_max_new
+        with tempfile.TemporaryDirectory() as workdir:
+            res = run_phase(registry.get_experiment("rpr_phase").check(c), workdir)
+        timed = res.metrics[2:]
+        med = {k: float(np.median([m[k] for m in timed]))
+               for k in ("rollout_s", "rollout_wait_s", "step_s")}
+        med["update_s"] = float(np.median([m["step_s"] - m["rollout_wait_s"] for m in timed]))
+        rows[lag] = med
+    rollout_s, update_s = rows[0]["rollout_s"], rows[0]["update_s"]
+    ideal = max(rollout_s, update_s)
+    print(f"RPR phase (configs/rpr_phase.py, {args.phase_batch} episodes/step, "
+          f"max_output_tokens {c.harness.max_output_tokens}, medians of steps "
+          f"3..{args.phase_steps}), jax {jax.__version__}, {os.cpu_count()} CPUs")
+    print("| policy_lag | rollout s | wait for rollout s | update s | step s | "
+          "step / max(rollout, update) of lag 0 | step ratio to lag 0 |")
+    print("|---|---|---|---|---|---|---|")
+    for lag, m in rows.items():
+        print(f"| {lag} | {m['rollout_s']:.2f} | {m['rollout_wait_s']:.2f} | "
+              f"{m['update_s']:.2f} | {m['step_s']:.2f} | {m['step_s'] / ideal:.2f} | "
+              f"{m['step_s'] / rows[0]['step_s']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from terminal_rsi import multihost
 from terminal_rsi.train_state import TrainState
 
 ROLES = ("actor", "critic")
@@ -74,13 +76,15 @@ def state_tree(state: TrainState) -> dict:
 
 
 def _rng_split(rngs: Mapping[str, jax.Array]) -> tuple[dict, dict]:
+    """({name: key data as a host NumPy array}, {name: key impl or None}). Keys are saved from
+    the host: the same on every process, they need no global array in a multi-host run."""
     data, impls = {}, {}
     for name, key in rngs.items():
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-            data[name] = jax.random.key_data(key)
+            data[name] = np.asarray(jax.random.key_data(key))
             impls[name] = str(jax.random.key_impl(key))
         else:
-            data[name] = key
+            data[name] = np.asarray(key)
             impls[name] = None
     return data, impls
 
@@ -136,7 +140,7 @@ class RunCheckpointer:
         items = {"actor": ocp.args.StandardRestore(_abstract(state_tree(actor))),
                  "critic": ocp.args.StandardRestore(_abstract(state_tree(critic)))}
         if impls:
-            target = None if rngs is None else _abstract(_rng_split(rngs)[0])
+            target = None if rngs is None else _rng_split(rngs)[0]
             items["rngs"] = ocp.args.StandardRestore(target)
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(**items))
@@ -228,19 +232,25 @@ def export_candidate(workdir: str, step: int, params: Mapping[str, Any]) -> str:
     renamed). Returns the directory."""
     root = os.path.join(workdir, CANDIDATES)
     final, tmp = os.path.join(root, f"step_{step}"), os.path.join(root, f".step_{step}.tmp")
-    for d in (tmp, final):
-        if os.path.isdir(d):
-            shutil.rmtree(d)
+    # several processes: all of them save (orbax's save is collective), process 0 alone
+    # clears and renames
+    if multihost.is_writer():
+        for d in (tmp, final):
+            if os.path.isdir(d):
+                shutil.rmtree(d)
+    multihost.barrier(f"candidate_{step}_cleared")
     for role, p in params.items():
         export_weights(tmp, role, p)
-    os.replace(tmp, final)
+    if multihost.is_writer():
+        os.replace(tmp, final)
+    multihost.barrier(f"candidate_{step}_written")
     return final
 
 
 def candidate_exports(workdir: str) -> list[tuple[int, str]]:
     """(step, directory) of the complete candidates a stage wrote, by step."""
     root = os.path.join(workdir, CANDIDATES)
-    if not os.path.isdir(root):
+    if not os.path.isdir(root) or not multihost.is_writer():
         return []
     found = [(int(m.group(1)), os.path.join(root, n)) for n in os.listdir(root)
              if (m := _CANDIDATE.fullmatch(n))]
@@ -251,7 +261,7 @@ def prune_candidates(workdir: str, after: int = -1) -> None:
     """Remove the candidates of steps > `after` and unfinished ones (a resumed stage writes
     them again; -1: all)."""
     root = os.path.join(workdir, CANDIDATES)
-    if not os.path.isdir(root):
+    if not os.path.isdir(root) or not multihost.is_writer():
         return
     for n in os.listdir(root):
         m = _CANDIDATE.fullmatch(n)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from terminal_rsi import multihost
 from terminal_rsi.atomic import atomic_write_bytes
 
 # Keys and dtypes of `<step>.credit.npz` (contract C2).
@@ -67,9 +68,10 @@ def write_credit(path: str, arrays: Mapping[str, np.ndarray]) -> None:
 
 
 def prune_after(traj_dir: str, step: int) -> list[str]:
-    """Remove step_/eval_ files of rollout steps > `step` (a resumed run rewrites them)."""
+    """Remove step_/eval_ files of rollout steps > `step` (a resumed run rewrites them; the
+    writing process, 0, removes them)."""
     removed = []
-    if not os.path.isdir(traj_dir):
+    if not os.path.isdir(traj_dir) or not multihost.is_writer():
         return removed
     for name in sorted(os.listdir(traj_dir)):
         m = _STEP_FILE.match(name)
@@ -82,13 +84,16 @@ def prune_after(traj_dir: str, step: int) -> list[str]:
 class ScalarWriter:
     """Per-step scalars to TensorBoard event files under `logdir` (tensorboardX, imported
     lazily). Without tensorboardX: one warning, and `write` does nothing (JSONL stays).
-    `purge_step`: on resume, TensorBoard discards events of steps >= it from earlier runs."""
+    `purge_step`: on resume, TensorBoard discards events of steps >= it from earlier runs.
+    Only process 0 writes (the others' `write` does nothing)."""
 
     _warned = False
 
     def __init__(self, logdir: str, purge_step: int | None = None):
         self.logdir = logdir
         self._writer = None
+        if not multihost.is_writer():
+            return
         try:
             from tensorboardX import SummaryWriter
         except ImportError:

@@ -77,6 +77,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
 from terminal_rsi.atomic import atomic_write_json, atomic_write_text
 from terminal_rsi.checkpoint import (
@@ -200,7 +201,8 @@ def _read_metrics(path: str) -> list[dict]:
 
 
 def _write_metrics(path: str, rows: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    if multihost.is_writer():  # the same rows on every process
+        atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def phase_length(config, num_train_tasks: int) -> tuple[int, int]:
@@ -328,9 +330,10 @@ def run_phase(config: PhaseConfig, workdir: str, *,
         # C2: every training stage exports both roles; warm-up re-exports its input actor.
         export_weights(export, "actor", state.actor.params, force=True)
         export_weights(export, "critic", state.critic.params, force=True)
-    atomic_write_json(os.path.join(workdir, "summary.json"),
-                      _summary(config, metrics, state.step, phase.num_steps, resumed_from,
-                               time.monotonic() - t_start))
+    if multihost.is_writer():
+        atomic_write_json(os.path.join(workdir, "summary.json"),
+                          _summary(config, metrics, state.step, phase.num_steps, resumed_from,
+                                   time.monotonic() - t_start))
     return PhaseResult(state.step, metrics, state.actor, state.critic, resumed_from)
 
 

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from terminal_rsi import multihost
 from terminal_rsi.advantages import prepare_ppo_batch, whiten_advantages
 from terminal_rsi.agent import (
     HarnessConfig,
@@ -46,7 +47,7 @@ from terminal_rsi.agent import (
     pack_trajectories,
 )
 from terminal_rsi.agent.scheduler import logprob_gap
-from terminal_rsi.agent.trajectory import read_shard, write_shard
+from terminal_rsi.agent.trajectory import Trajectory, read_shard, write_shard
 from terminal_rsi.alignment import trained_mask
 from terminal_rsi.checkpoint import RunCheckpointer
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
@@ -189,8 +190,9 @@ def scheduler(phase: Phase, state: PhaseState, seed: int, oversample: float, par
     scored by the phase's frozen reward."""
     c = phase.config
     params = state.actor.params if params is None else params
-    pol = SamplerPolicy(phase.sampler, params, phase.tokenizer, seed=seed,
-                        version=state.version)
+    # several processes: each samples with its own full copy (no collective while sampling)
+    pol = SamplerPolicy(phase.sampler, multihost.local_replica(params), phase.tokenizer,
+                        seed=seed, version=state.version)
     harness = HarnessConfig.from_config(c.harness, verify_backend=c.tasks.backend)
     sandbox = task_sandbox_factory(c.tasks)
 
@@ -208,13 +210,35 @@ def _launch(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
             params=None):
     """(a call that collects `rollout.batch_size` trainable episodes of the actor on the
     curriculum's next tasks, state with the new data position). The draw happens here, in
-    order; only the rollouts run in the call."""
+    order, the same on every process; each process runs its share of the tasks and keeps its
+    share of the batch (`multihost.process_share`), and `gather_result` joins them."""
     r = phase.config.rollout
+    if multihost.is_multiprocess():  # each process samples its share with its own stream
+        key = jax.random.fold_in(key, jax.process_index())
     sched = scheduler(phase, state, _seed(key), r.oversample, params)
     n_launch = sched.num_launch(r.batch_size)
     tasks = phase.curriculum.launch(n_launch, state.data_position, rng)
     state = dataclasses.replace(state, data_position=state.data_position + n_launch)
-    return lambda: sched.collect(tasks, r.batch_size, policy_version=state.version), state
+    (lo, hi), (keep_lo, keep_hi) = (multihost.process_share(n)
+                                    for n in (len(tasks), r.batch_size))
+    return lambda: sched.collect(tasks[lo:hi], keep_hi - keep_lo,
+                                 policy_version=state.version), state
+
+
+def gather_result(res: RolloutResult) -> RolloutResult:
+    """Every process's share of the step's episodes, in process order, on every process (the
+    result unchanged on one process): all of them then pack the same update batch."""
+    if not multihost.is_multiprocess():
+        return res
+    parts = multihost.gather([{"trajectories": [t.to_dict() for t in res.trajectories],
+                               "errors": list(res.errors),
+                               "stats": {k: float(res.stats[k]) for k in AHEAD_STATS}}])
+    return RolloutResult(
+        [Trajectory.from_dict(d) for p in parts for d in p["trajectories"]], [], [],
+        {"elapsed_s": max(p["stats"]["elapsed_s"] for p in parts),
+         "dropped": sum(p["stats"]["dropped"] for p in parts),
+         "rollout_wait_s": res.stats["rollout_wait_s"]},
+        [e for p in parts for e in p["errors"]])
 
 
 def collect(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Generator):
@@ -231,6 +255,7 @@ def collect(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
         run, state = _launch(phase, state, key, rng)
         res = run()
         res.stats["rollout_wait_s"] = res.stats["elapsed_s"]
+    res = gather_result(res)
     if not res.trajectories:
         raise PhaseError(f"step {state.step}: no trainable episodes ({res.errors[:3]})")
     if phase.config.rollout.policy_lag and state.step < phase.num_steps:
@@ -244,8 +269,12 @@ AHEAD_STATS = ("elapsed_s", "dropped")
 
 
 def ahead_dir(phase: Phase) -> str:
-    """`<workdir>/ahead`: the batches that were in flight at each kept checkpoint."""
-    return os.path.join(os.path.dirname(phase.checkpointer.directory), "ahead")
+    """`<workdir>/ahead`: the batches that were in flight at each kept checkpoint (with
+    several processes, `ahead/process_<i>` holds process i's share of them)."""
+    root = os.path.join(os.path.dirname(phase.checkpointer.directory), "ahead")
+    if multihost.is_multiprocess():
+        return os.path.join(root, f"process_{jax.process_index()}")
+    return root
 
 
 def ahead_path(phase: Phase, step: int) -> str:
@@ -329,13 +358,15 @@ def make_batch(phase: Phase, state: PhaseState, trajectories: list) -> UpdateBat
 
 def write_step_artifacts(phase: Phase, state: PhaseState, trajectories: list,
                          ub: UpdateBatch) -> None:
-    """The step's episodes and its packed credit arrays (`rpr.artifacts`, contract C2)."""
+    """The step's episodes and its packed credit arrays (`rpr.artifacts`, contract C2),
+    written by process 0."""
     name = artifacts.step_name("step", state.step)
     for t in trajectories:
         t.meta.update(rpr_step=state.step, rpr_mode=phase.config.mode)
-    write_shard(os.path.join(phase.traj_dir, f"{name}.jsonl"), trajectories)
-    artifacts.write_credit(os.path.join(phase.traj_dir, f"{name}.credit.npz"),
-                           artifacts.credit_arrays(ub.packed, jax.device_get(ub.batch)))
+    credit = artifacts.credit_arrays(ub.packed, jax.device_get(multihost.local_replica(ub.batch)))
+    if multihost.is_writer():
+        write_shard(os.path.join(phase.traj_dir, f"{name}.jsonl"), trajectories)
+        artifacts.write_credit(os.path.join(phase.traj_dir, f"{name}.credit.npz"), credit)
 
 
 def batch_metrics(phase: Phase, state: PhaseState, ub: UpdateBatch) -> dict:
@@ -401,8 +432,10 @@ def evaluate(phase: Phase, state: PhaseState, key: jax.Array) -> dict:
         tasks, len(tasks), policy_version=state.version, desc="eval")
     for t in ev.trajectories:
         t.meta.update(rpr_step=state.step, rpr_eval=True)
-    write_shard(os.path.join(phase.traj_dir, f"{artifacts.step_name('eval', state.step)}.jsonl"),
-                ev.trajectories)
+    if multihost.is_writer():  # every process evaluates every task (not split yet)
+        write_shard(os.path.join(phase.traj_dir,
+                                 f"{artifacts.step_name('eval', state.step)}.jsonl"),
+                    ev.trajectories)
     return {"eval/success": ev.stats["success_rate"],
             "eval/reward_dense": ev.stats["mean_reward_kept"],
             "eval/episodes": len(ev.trajectories)}

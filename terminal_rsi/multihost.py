@@ -1,0 +1,87 @@
+"""Multi-process rollouts without mismatched collectives.
+
+Generation is batched dynamically per process (the cross-episode batcher groups whatever
+turns are ready), so two processes never issue the same sequence of jitted calls. A sampler
+fed the global, sharded actor would compile cross-process collectives into every prefill and
+decode block, and the processes would deadlock or abort (gloo: "Received data size doesn't
+match expected size"). Instead, at one fixed point of the step every process calls:
+
+- `local_replica(tree)`: a process-local, full copy of the (possibly sharded) parameters: one
+  all-gather, issued in lockstep by every process, after which sampling touches only this
+  process's devices;
+- `process_share(n)`: which of the step's n episodes this process runs (a contiguous slice;
+  the shares of all processes add up to n);
+- `gather(objects)`: every process's JSON-serializable results, concatenated in process
+  order on every process (two all-gathers: the lengths, then the padded bytes), so all of
+  them pack the same update batch.
+
+On one process each is the identity (no collective, no copy), so single-host code paths are
+unchanged. `is_writer()` is true on the process that writes shared files (process 0);
+`barrier(name)` holds every process until all reach it (orbax's own saves already do).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+def is_multiprocess() -> bool:
+    return jax.process_count() > 1
+
+
+def is_writer() -> bool:
+    """Whether this process writes the run's shared files (process 0)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Wait until every process reaches the barrier `name` (nothing on one process)."""
+    if is_multiprocess():
+        multihost_utils.sync_global_devices(name)
+
+
+def local_replica(tree: Any) -> Any:
+    """`tree` unchanged on one process; with several, a full host copy (NumPy) of every leaf
+    on every process: one all-gather per leaf spread over other processes' devices (all
+    processes must reach this together), a plain copy of the others (host data, or arrays
+    this process holds whole)."""
+    if not is_multiprocess():
+        return tree
+
+    def replica(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(replica, tree)
+
+
+def process_share(n: int, index: int | None = None, count: int | None = None) -> tuple[int, int]:
+    """(start, stop) of this process's share of n items: contiguous, sizes differ by at most
+    one, earlier processes take the larger shares."""
+    index = jax.process_index() if index is None else index
+    count = jax.process_count() if count is None else count
+    base, extra = divmod(n, count)
+    start = index * base + min(index, extra)
+    return start, start + base + (index < extra)
+
+
+def gather(objects: list) -> list:
+    """Every process's `objects` (JSON-serializable), concatenated in process order, on every
+    process; `objects` unchanged on one process."""
+    if not is_multiprocess():
+        return list(objects)
+    data = np.frombuffer(json.dumps(objects, allow_nan=False).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int64)))
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded))
+    out: list = []
+    for row, size in zip(rows.reshape(len(sizes), -1), sizes.reshape(-1), strict=True):
+        out.extend(json.loads(row[:int(size)].tobytes().decode()))
+    return out

@@ -1,0 +1,142 @@
+"""Multi-process runs on one machine: `terminal_rsi.multihost` in two real JAX processes
+(gloo CPU collectives, 2 virtual devices each, wired as the launchers wire them), and an RPR
+phase run by `experiments/run.py` in both, one batch ahead, with evaluation and checkpoints."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+from terminal_rsi import multihost
+from terminal_rsi.agent.trajectory import read_shard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two(args: list[str], tmp_path, timeout: int = 420) -> list[str]:
+    """Start `python args...` as processes 0 and 1 of one distributed job; their outputs."""
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        env = {**os.environ, "TERMINAL_RSI_DISTRIBUTED": "1",
+               "TERMINAL_RSI_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+               "TERMINAL_RSI_NUM_PROCESSES": "2", "TERMINAL_RSI_PROCESS_ID": str(i),
+               "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+               "PYTHONPATH": ROOT}
+        log = open(tmp_path / f"process_{i}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env,
+                                       stdout=log, stderr=subprocess.STDOUT), log))
+    outs = []
+    try:
+        for p, log in procs:
+            p.wait(timeout=timeout)
+            log.close()
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (p, _) in enumerate(procs):
+        out = (tmp_path / f"process_{i}.log").read_text()
+        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_process_share_partitions(count):
+    for n in range(10):
+        shares = [multihost.process_share(n, i, count) for i in range(count)]
+        assert shares[0][0] == 0 and shares[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(shares[:-1], shares[1:], strict=True))
+        sizes = [hi - lo for lo, hi in shares]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_one_process_is_the_identity():
+    tree = {"w": jax.numpy.arange(3.0)}
+    assert multihost.local_replica(tree) is tree
+    assert multihost.gather([{"a": 1}]) == [{"a": 1}]
+    assert multihost.is_writer() and not multihost.is_multiprocess()
+    multihost.barrier("nothing")  # no-op
+
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    import jax, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from terminal_rsi import multihost, sharding
+    assert sharding.maybe_initialize_distributed({})
+    pid = jax.process_index()
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    full = np.arange(32, dtype=np.float32).reshape(8, 4)
+    # rows split over all 4 devices of both processes: no process holds the whole array
+    sharded = jax.make_array_from_callback(full.shape, NamedSharding(mesh, PartitionSpec("data")),
+                                           lambda idx: full[idx])
+    replicated = jax.make_array_from_callback((3,), NamedSharding(mesh, PartitionSpec()),
+                                              lambda idx: np.ones(3, np.float32)[idx])
+    rep = multihost.local_replica({"s": sharded, "r": replicated, "host": np.full(2, pid)})
+    got = multihost.gather([{"pid": pid, "k": k} for k in range(pid + 1)])
+    multihost.barrier("probe")
+    out = dict(sharded_ok=bool(np.array_equal(rep["s"], full)),
+               replicated_ok=bool(np.array_equal(rep["r"], np.ones(3))),
+               host=rep["host"].tolist(), gathered=got, share=multihost.process_share(5),
+               writer=multihost.is_writer(), addressable=sharded.is_fully_addressable)
+    with open(os.path.join(sys.argv[1], f"{pid}.json"), "w") as f:
+        json.dump(out, f)
+    jax.distributed.shutdown()
+""")
+
+
+def test_collectives_in_two_processes(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    _run_two([str(probe), str(tmp_path)], tmp_path, timeout=180)
+    recs = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+    gathered = [{"pid": 0, "k": 0}, {"pid": 1, "k": 0}, {"pid": 1, "k": 1}]
+    for i, rec in enumerate(recs):
+        assert rec["sharded_ok"] and rec["replicated_ok"] and not rec["addressable"]
+        assert rec["host"] == [i, i]  # host data is this process's own
+        assert rec["gathered"] == gathered  # process order, on every process
+        assert rec["writer"] == (i == 0)
+    assert [r["share"] for r in recs] == [[0, 3], [3, 5]]
+
+
+def test_rpr_phase_in_two_processes(tmp_path):
+    """configs/rpr_phase.py in two processes, one batch ahead, evaluation and checkpoints:
+    both finish; process 0 alone writes the metrics, every step trains on the whole batch
+    (each process's share of the tasks, gathered), and each process keeps its share of the
+    batch in flight beside the checkpoint."""
+    work = tmp_path / "run"
+    outs = _run_two(["experiments/run.py", "--config=configs/rpr_phase.py",
+                     f"--workdir={work}", "--config.num_steps=4", "--config.eval.every=2",
+                     "--config.checkpoint.every=2", "--config.ppo.critic_warmup_steps=1",
+                     "--config.rollout.policy_lag=1", "--config.rollout.batch_size=4"],
+                    tmp_path)
+    for out in outs:
+        assert "[rpr] done at step 4" in out
+    rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["episodes"] == 4 for r in rows)
+    assert [r["critic_only"] for r in rows] == [True, False, False, False]
+    assert rows[2]["policy_lag_frac_1"] == 1.0  # step 3: sampled before step 2's update
+    for step in range(1, 5):
+        trajs = read_shard(work / "trajectories" / f"step_{step:05d}.jsonl")
+        assert len(trajs) == 4
+    # the checkpoint of step 2 held step 3's batch: two shares of 2 episodes
+    for i in range(2):
+        share = read_shard(work / "ahead" / f"process_{i}" / "step_2.jsonl")
+        assert len(share) == 2
+    assert sorted(os.listdir(work / "export")) == ["actor", "critic"]
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["completed"] and summary["step"] == 4
