@@ -61,6 +61,12 @@ def local_replica(tree: Any) -> Any:
     return jax.tree.map(replica, tree)
 
 
+def host_copy(tree: Any) -> Any:
+    """A NumPy copy of every leaf on this process (`jax.device_get` on one process; with
+    several, through `local_replica`, so every process must call it together)."""
+    return jax.device_get(local_replica(tree))
+
+
 def process_share(n: int, index: int | None = None, count: int | None = None) -> tuple[int, int]:
     """(start, stop) of this process's share of n items: contiguous, sizes differ by at most
     one, earlier processes take the larger shares."""

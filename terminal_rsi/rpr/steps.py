@@ -363,7 +363,7 @@ def write_step_artifacts(phase: Phase, state: PhaseState, trajectories: list,
     name = artifacts.step_name("step", state.step)
     for t in trajectories:
         t.meta.update(rpr_step=state.step, rpr_mode=phase.config.mode)
-    credit = artifacts.credit_arrays(ub.packed, jax.device_get(multihost.local_replica(ub.batch)))
+    credit = artifacts.credit_arrays(ub.packed, multihost.host_copy(ub.batch))
     if multihost.is_writer():
         write_shard(os.path.join(phase.traj_dir, f"{name}.jsonl"), trajectories)
         artifacts.write_credit(os.path.join(phase.traj_dir, f"{name}.credit.npz"), credit)

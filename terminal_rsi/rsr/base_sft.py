@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
+from terminal_rsi import multihost
 from terminal_rsi.agent import SamplingSettings, write_shard
 from terminal_rsi.checkpoint import export_weights
 from terminal_rsi.losses import Aggregation
@@ -218,7 +218,7 @@ class Trainer:
 def export_base(export: str, actor: TrainState) -> None:
     """export/actor, and export/critic = `critic_params_from_actor` of it (C2)."""
     export_weights(export, "actor", actor.params, force=True)
-    export_weights(export, "critic", jax.device_get(critic_params_from_actor(actor.params)),
+    export_weights(export, "critic", multihost.host_copy(critic_params_from_actor(actor.params)),
                    force=True)
 
 

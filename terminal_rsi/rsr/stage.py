@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from terminal_rsi import multihost
 from terminal_rsi.agent import HarnessConfig, SamplingSettings, write_shard
 from terminal_rsi.checkpoint import (
     candidate_steps,
@@ -344,7 +345,7 @@ def setup_stage(config, workdir: str) -> tuple[StageSetup, TrainState]:
     export, trajdir = cm.stage_dirs(workdir)
     model = load_model(config)  # byte preset, or model.gguf: its tokenizer, template, shape
     actor = cm.create_actor(config, model.config, config.actor_opt, config.seed)
-    critic_in = jax.device_get(
+    critic_in = multihost.host_copy(
         import_params(config.init.critic_weights, "critic", model.config)
         if config.init.critic_weights else critic_params_from_actor(actor.params))
     setup = StageSetup(config, model.tokenizer, model.config, cm.harness_from_config(config),
@@ -505,7 +506,7 @@ def export_weights_checked(st: StageSetup, actor: TrainState) -> bool:
     back, must be bit-identical to the input (Δφ = 0), else `CriticChanged`."""
     export_weights(st.export, "actor", actor.params, force=True)
     export_weights(st.export, "critic", st.critic_in, force=True)
-    critic_out = jax.device_get(import_params(st.export, "critic", st.mcfg))
+    critic_out = multihost.host_copy(import_params(st.export, "critic", st.mcfg))
     if not (_tree_equal(st.critic_ref, st.critic_in)
             and _tree_equal(st.critic_ref, critic_out)):
         raise CriticChanged("the exported critic differs from the stage's input critic; an "
