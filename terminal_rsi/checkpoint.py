@@ -250,7 +250,7 @@ def export_candidate(workdir: str, step: int, params: Mapping[str, Any]) -> str:
 def candidate_exports(workdir: str) -> list[tuple[int, str]]:
     """(step, directory) of the complete candidates a stage wrote, by step."""
     root = os.path.join(workdir, CANDIDATES)
-    if not os.path.isdir(root) or not multihost.is_writer():
+    if not os.path.isdir(root):
         return []
     found = [(int(m.group(1)), os.path.join(root, n)) for n in os.listdir(root)
              if (m := _CANDIDATE.fullmatch(n))]

@@ -17,7 +17,7 @@ One batch ahead (`rollout.policy_lag = 1`): the rollouts of step k+1 are sampled
 the actor before step k's update (the update donates the live one) while that update runs;
 every episode records its policy version, and the loss corrects for the lag with
 `ppo.behavior_correction` (the sampler's log-probs are π_behav). A checkpoint waits for the
-batch in flight and stores it beside the checkpoint (`ahead_<step>.jsonl`), so a resumed run
+batch in flight and stores it beside the checkpoint (`ahead/step_<k>.jsonl`), so a resumed run
 trains on exactly the episodes the uninterrupted one would.
 """
 
