@@ -114,9 +114,9 @@ def test_collectives_in_two_processes(tmp_path):
 
 def test_rpr_phase_in_two_processes(tmp_path):
     """configs/rpr_phase.py in two processes, one batch ahead, evaluation and checkpoints:
-    both finish; process 0 alone writes the metrics, every step trains on the whole batch
-    (each process's share of the tasks, gathered), and each process keeps its share of the
-    batch in flight beside the checkpoint."""
+    both finish; process 0 alone writes the metrics, every step trains on the whole batch and
+    every evaluation covers every held-out task (each process's share, gathered), and each
+    process keeps its share of the batch in flight beside the checkpoint."""
     work = tmp_path / "run"
     outs = _run_two(["experiments/run.py", "--config=configs/rpr_phase.py",
                      f"--workdir={work}", "--config.num_steps=4", "--config.eval.every=2",
@@ -130,6 +130,13 @@ def test_rpr_phase_in_two_processes(tmp_path):
     assert all(r["episodes"] == 4 for r in rows)
     assert [r["critic_only"] for r in rows] == [True, False, False, False]
     assert rows[2]["policy_lag_frac_1"] == 1.0  # step 3: sampled before step 2's update
+    # evaluation: each process ran its share of the held-out tasks, all of them are recorded
+    evals = [r for r in rows if r.get("eval/episodes") is not None]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:
+        shard = read_shard(work / "trajectories" / f"eval_{r['step']:05d}.jsonl")
+        assert r["eval/episodes"] == len(shard) == 2  # eval.num_tasks
+        assert len({t.task_id for t in shard}) == 2
     for step in range(1, 5):
         trajs = read_shard(work / "trajectories" / f"step_{step:05d}.jsonl")
         assert len(trajs) == 4

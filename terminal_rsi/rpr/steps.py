@@ -225,16 +225,23 @@ def _launch(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
                                  policy_version=state.version), state
 
 
+def gather_trajectories(trajectories: list) -> list:
+    """Every process's episodes, in process order, on every process (unchanged on one)."""
+    if not multihost.is_multiprocess():
+        return list(trajectories)
+    return [Trajectory.from_dict(d) for d in multihost.gather([t.to_dict()
+                                                                for t in trajectories])]
+
+
 def gather_result(res: RolloutResult) -> RolloutResult:
     """Every process's share of the step's episodes, in process order, on every process (the
     result unchanged on one process): all of them then pack the same update batch."""
     if not multihost.is_multiprocess():
         return res
-    parts = multihost.gather([{"trajectories": [t.to_dict() for t in res.trajectories],
-                               "errors": list(res.errors),
+    parts = multihost.gather([{"errors": list(res.errors),
                                "stats": {k: float(res.stats[k]) for k in AHEAD_STATS}}])
     return RolloutResult(
-        [Trajectory.from_dict(d) for p in parts for d in p["trajectories"]], [], [],
+        gather_trajectories(res.trajectories), [], [],
         {"elapsed_s": max(p["stats"]["elapsed_s"] for p in parts),
          "dropped": sum(p["stats"]["dropped"] for p in parts),
          "rollout_wait_s": res.stats["rollout_wait_s"]},
@@ -428,17 +435,24 @@ def evaluate(phase: Phase, state: PhaseState, key: jax.Array) -> dict:
         phase.eval_tasks = config_tasks(c, c.tasks.eval_split,
                                         c.tasks.eval_n_per_family)[:c.eval.num_tasks]
     tasks = phase.eval_tasks
-    ev = scheduler(phase, state, _seed(key), 0.0).collect(
-        tasks, len(tasks), policy_version=state.version, desc="eval")
-    for t in ev.trajectories:
+    # several processes: each evaluates its share of the tasks, the episodes are gathered
+    lo, hi = multihost.process_share(len(tasks))
+    if multihost.is_multiprocess():
+        key = jax.random.fold_in(key, jax.process_index())
+    sched = scheduler(phase, state, _seed(key), 0.0)  # every process: its actor replica
+    mine = sched.collect(tasks[lo:hi], hi - lo, policy_version=state.version,
+                         desc="eval").trajectories if hi > lo else []
+    episodes = gather_trajectories(mine)
+    for t in episodes:
         t.meta.update(rpr_step=state.step, rpr_eval=True)
-    if multihost.is_writer():  # every process evaluates every task (not split yet)
+    if multihost.is_writer():
         write_shard(os.path.join(phase.traj_dir,
                                  f"{artifacts.step_name('eval', state.step)}.jsonl"),
-                    ev.trajectories)
-    return {"eval/success": ev.stats["success_rate"],
-            "eval/reward_dense": ev.stats["mean_reward_kept"],
-            "eval/episodes": len(ev.trajectories)}
+                    episodes)
+    n = len(episodes) or float("nan")  # no episode: NaN, recorded as None
+    return {"eval/success": sum(t.S for t in episodes) / n,
+            "eval/reward_dense": sum(t.reward for t in episodes) / n,
+            "eval/episodes": len(episodes)}
 
 
 def run_step(phase: Phase, state: PhaseState) -> tuple[PhaseState, dict]:
