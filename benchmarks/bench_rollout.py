@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,11 +36,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from configs.rpr_phase import get_config  # noqa: E402
+from terminal_rsi import registry  # noqa: E402
 from terminal_rsi.agent import HarnessConfig, ReferencePolicy, SamplerPolicy  # noqa: E402
 from terminal_rsi.agent.scheduler import AsyncRollouts, RolloutScheduler, SchedulerConfig  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.models.tokenizer import ByteTokenizer  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM  # noqa: E402
+from terminal_rsi.rpr import run_phase  # noqa: E402
 from terminal_rsi.sampling import Buckets, Sampler  # noqa: E402
 from terminal_rsi.tasks import get_suite  # noqa: E402
 
@@ -233,6 +237,7 @@ def throughput_rows(args, policy, harness, sampler, cfg, tok):
     latency_rows(args, tok)
     parse_error_rows(args, policy)
 
+
 def async_rows(args, policy, harness, label):
     """One batch ahead vs synchronous with a stand-in update sized to one rollout."""
     b = min(8, args.concurrency)
@@ -274,12 +279,6 @@ def async_rows(args, policy, harness, label):
 def phase_rows(args):
     """The RPR phase at policy_lag 0 and 1: medians over the steps after the first two
     (compilation), each step joint (no critic warm-up), no evaluation, one checkpoint."""
-    import tempfile
-
-    from configs.rpr_phase import get_config
-    from terminal_rsi import registry
-    from terminal_rsi.rpr import run_phase
-
     rows = {}
     for lag in (0, 1):
         c = get_config()

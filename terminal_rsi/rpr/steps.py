@@ -203,6 +203,10 @@ def scheduler(phase: Phase, state: PhaseState, seed: int, oversample: float, par
 
 
 def _seed(key: jax.Array) -> int:
+    """The sampling seed of a scheduler from `key`; with several processes, each samples its
+    share of the episodes with its own stream (the key folded with its index)."""
+    if multihost.is_multiprocess():
+        key = jax.random.fold_in(key, jax.process_index())
     return int(jax.random.randint(key, (), 0, 2**31 - 1))
 
 
@@ -213,8 +217,6 @@ def _launch(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
     order, the same on every process; each process runs its share of the tasks and keeps its
     share of the batch (`multihost.process_share`), and `gather_result` joins them."""
     r = phase.config.rollout
-    if multihost.is_multiprocess():  # each process samples its share with its own stream
-        key = jax.random.fold_in(key, jax.process_index())
     sched = scheduler(phase, state, _seed(key), r.oversample, params)
     n_launch = sched.num_launch(r.batch_size)
     tasks = phase.curriculum.launch(n_launch, state.data_position, rng)
@@ -437,8 +439,6 @@ def evaluate(phase: Phase, state: PhaseState, key: jax.Array) -> dict:
     tasks = phase.eval_tasks
     # several processes: each evaluates its share of the tasks, the episodes are gathered
     lo, hi = multihost.process_share(len(tasks))
-    if multihost.is_multiprocess():
-        key = jax.random.fold_in(key, jax.process_index())
     sched = scheduler(phase, state, _seed(key), 0.0)  # every process: its actor replica
     mine = sched.collect(tasks[lo:hi], hi - lo, policy_version=state.version,
                          desc="eval").trajectories if hi > lo else []
