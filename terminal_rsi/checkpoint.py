@@ -61,11 +61,15 @@ class ResumeState:
 
 
 def _abstract(tree):
-    """Leaves -> ShapeDtypeStruct with the leaf's sharding (when it has one)."""
+    """Leaves -> ShapeDtypeStruct with the leaf's sharding; a leaf without one (a shape from
+    `eval_shape`, host data) is restored whole onto this process's first device. Never the
+    sharding the checkpoint was saved with: weights saved by a multi-process run (a pod
+    slice) then load on one machine, and the other way round."""
+    local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
     def f(x):
         sharding = getattr(x, "sharding", None)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding or local)
 
     return jax.tree.map(f, tree)
 

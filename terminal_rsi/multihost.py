@@ -61,10 +61,34 @@ def local_replica(tree: Any) -> Any:
     return jax.tree.map(replica, tree)
 
 
+def put(tree: Any, shardings: Any) -> Any:
+    """`jax.device_put(tree, shardings)`, also where a leaf is process-local data (host
+    arrays, weights loaded whole onto this process) and its sharding spans other processes'
+    devices: each process then places its own shards of its (identical) copy."""
+    if not is_multiprocess():
+        return jax.device_put(tree, shardings)
+
+    def one(x, sharding):
+        if (isinstance(x, jax.Array) and not x.is_fully_addressable) or \
+                sharding.is_fully_addressable:
+            return jax.device_put(x, sharding)
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+    return jax.tree.map(one, tree, shardings)
+
+
 def host_copy(tree: Any) -> Any:
     """A NumPy copy of every leaf on this process (`jax.device_get` on one process; with
     several, through `local_replica`, so every process must call it together)."""
     return jax.device_get(local_replica(tree))
+
+
+def process_seed(seed: int) -> int:
+    """`seed` on one process (and on process 0); with several, a seed of its own for each
+    process, so that processes sampling their shares of a batch draw independent streams."""
+    index = jax.process_index()
+    return seed if index == 0 else int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
 
 
 def process_share(n: int, index: int | None = None, count: int | None = None) -> tuple[int, int]:

@@ -29,6 +29,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh
 
+from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
 from terminal_rsi.trainable import join, split_trainable
 
@@ -118,7 +119,7 @@ def create_train_state(model_cls: Callable, model_config, opt_config: OptimizerC
     if params is None:
         _, params = shd.init_params(model_cls, model_config, mesh, seed, rules)
     else:
-        params = jax.device_put(params, p_sh)
+        params = multihost.put(params, p_sh)  # also weights loaded whole on each process
     trainable = split_trainable(params)[0]
     o_sh = shd.opt_state_shardings(tx, split_trainable(nnx.to_pure_dict(abstract))[0],
                                    split_trainable(p_sh)[0], mesh)

@@ -12,8 +12,15 @@ import textwrap
 import jax
 import pytest
 
+from configs.rpr2_spr import get_config
 from terminal_rsi import multihost
 from terminal_rsi.agent.trajectory import read_shard
+from terminal_rsi.configuration import build
+from terminal_rsi.evaluation.config import EvalConfig
+from terminal_rsi.evaluation.evaluate import evaluate
+from terminal_rsi.pipeline import validate_ledger
+from terminal_rsi.pipeline.resolve import set_path
+from terminal_rsi.pipeline.runner import Pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,6 +70,10 @@ def test_process_share_partitions(count):
         assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
+def test_process_seed_is_the_seed_on_one_process():
+    assert multihost.process_seed(7) == 7 and multihost.process_seed(0) == 0
+
+
 def test_one_process_is_the_identity():
     tree = {"w": jax.numpy.arange(3.0)}
     assert multihost.local_replica(tree) is tree
@@ -76,6 +87,7 @@ PROBE = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     from terminal_rsi import multihost, sharding
+    from terminal_rsi.agent.trajectory import Trajectory, gather_trajectories
     assert sharding.maybe_initialize_distributed({})
     pid = jax.process_index()
     mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -87,11 +99,13 @@ PROBE = textwrap.dedent("""
                                               lambda idx: np.ones(3, np.float32)[idx])
     rep = multihost.local_replica({"s": sharded, "r": replicated, "host": np.full(2, pid)})
     got = multihost.gather([{"pid": pid, "k": k} for k in range(pid + 1)])
+    trajs = gather_trajectories([Trajectory(f"t{pid}", "f", "h", policy_version=pid)])
     multihost.barrier("probe")
     out = dict(sharded_ok=bool(np.array_equal(rep["s"], full)),
                replicated_ok=bool(np.array_equal(rep["r"], np.ones(3))),
                host=rep["host"].tolist(), gathered=got, share=multihost.process_share(5),
-               writer=multihost.is_writer(), addressable=sharded.is_fully_addressable)
+               writer=multihost.is_writer(), addressable=sharded.is_fully_addressable,
+               trajs=[t.task_id for t in trajs], seeds=multihost.process_seed(5))
     with open(os.path.join(sys.argv[1], f"{pid}.json"), "w") as f:
         json.dump(out, f)
     jax.distributed.shutdown()
@@ -110,6 +124,8 @@ def test_collectives_in_two_processes(tmp_path):
         assert rec["gathered"] == gathered  # process order, on every process
         assert rec["writer"] == (i == 0)
     assert [r["share"] for r in recs] == [[0, 3], [3, 5]]
+    assert [r["trajs"] for r in recs] == [["t0", "t1"]] * 2  # trajectories round-trip
+    assert recs[0]["seeds"] == 5 and recs[1]["seeds"] != 5  # process 1 draws its own stream
 
 
 def test_rpr_phase_in_two_processes(tmp_path):
@@ -147,3 +163,46 @@ def test_rpr_phase_in_two_processes(tmp_path):
     assert sorted(os.listdir(work / "export")) == ["actor", "critic"]
     summary = json.loads((work / "summary.json").read_text())
     assert summary["completed"] and summary["step"] == 4
+
+
+def test_main_job_in_two_processes(tmp_path):
+    """The main job (configs/rpr2_spr.py at the test scale) in two processes: every stage
+    runs in both, is validated and evaluated, and process 0 keeps the ledger; rerun, every
+    stage is reused. Evaluation splits its episodes across the processes with their random
+    streams: the base's held-out episodes are those one process samples alone."""
+    work = tmp_path / "run"
+    args = ["experiments/run.py", "--config=configs/rpr2_spr.py", "--config.scale=test",
+            f"--workdir={work}"]
+    stages = ["base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_spr"]
+    for out in _run_two(args, tmp_path):
+        assert f"trained now: {', '.join(stages)}" in out
+    ledger = json.loads((work / "ledger.json").read_text())
+    validate_ledger(ledger)
+    by = {s["name"]: s for s in ledger["stages"]}
+    assert list(by) == stages
+    for name, s in by.items():
+        assert s["status"] == "done" and set(s["eval"]) == {"heldout_instances",
+                                                            "heldout_families"}
+        if name != "warmup_critic":
+            assert s["validation"]["decision"] in ("base", "kept", "input")
+    assert os.path.exists(work / "plots" / "progression.png")
+    # each RSR shard holds every process's episodes (discovery: 2 tasks x 2 harnesses)
+    assert len(read_shard(work / "rsr1" / "trajectories" / "discovery.jsonl")) == 4
+    # evaluation: one process alone, same export and settings, samples the same episodes
+    cfg = get_config()
+    cfg.scale = "test"
+    ev_cfg = Pipeline(cfg, str(work), log=lambda s: None).eval_base_config()
+    set_path(ev_cfg, "init.actor_weights", str(work / "base" / "export"))
+    alone = evaluate(build(EvalConfig, ev_cfg), str(tmp_path / "alone"), log=lambda s: None)
+    split = by["base"]["eval"]["heldout_instances"]
+    assert alone["heldout_instances"]["mean_at_k"] == split["mean_at_k"]
+
+    def episodes(path):
+        return {t.meta["launch_index"]: [x.sampled_ids for x in t.turns]
+                for t in read_shard(path)}
+
+    ran = episodes(work / "base" / "eval" / "heldout_instances.jsonl")
+    assert len(ran) == split["k"] * split["num_tasks"]
+    assert ran == episodes(tmp_path / "alone" / "heldout_instances.jsonl")
+    for out in _run_two(args, tmp_path):
+        assert "trained now: none" in out

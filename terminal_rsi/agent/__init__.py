@@ -57,6 +57,7 @@ from terminal_rsi.agent.trajectory import (
     Trajectory,
     TrajectoryFormatError,
     Turn,
+    gather_trajectories,
     read_shard,
     write_shard,
 )
@@ -69,6 +70,6 @@ __all__ = [
     "Policy", "ReferencePolicy", "SamplerPolicy", "SamplingSettings", "ScriptedPolicy",
     "StreamedPolicy", "Segment", "TerminalReason", "TrainingPolicy", "Trajectory",
     "TrajectoryFormatError", "Turn",
-    "cap_text", "format_observation", "malformed_mask", "pack_trajectories", "parse_action",
-    "read_shard", "run_episode", "write_shard",
+    "cap_text", "format_observation", "gather_trajectories", "malformed_mask",
+    "pack_trajectories", "parse_action", "read_shard", "run_episode", "write_shard",
 ]

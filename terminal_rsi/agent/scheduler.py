@@ -189,11 +189,15 @@ class RolloutScheduler:
         return int(math.ceil(batch_size * (1.0 + self.config.oversample) - 1e-9))
 
     def collect(self, tasks: Iterable, batch_size: int, *,
-                policy_version: int | None = None, desc: str = "rollout") -> RolloutResult:
+                policy_version: int | None = None, desc: str = "rollout",
+                first_index: int = 0) -> RolloutResult:
         """Launch B' = num_launch(B) episodes (tasks taken in order from `tasks`) and return
         the first B trainable ones to finish (see the module doc). `policy_version` (default:
         the policy's current version) is recorded in every trajectory; each turn also records
-        the version that actually generated it. `desc` labels the progress bar."""
+        the version that actually generated it. `desc` labels the progress bar.
+        `first_index`: the launch index (`meta["launch_index"]`, and with `episode_streams`
+        the random stream) of the first task, for a caller that runs a slice of a larger
+        launch list (one process's share): its episodes sample as they would in one run."""
         cfg = self.config
         launch = list(itertools.islice(iter(tasks), self.num_launch(batch_size)))
         if not launch:
@@ -209,7 +213,7 @@ class RolloutScheduler:
                 raise EpisodeCancelled("cancelled before start")
             batcher.episode_started()
             try:
-                pol = StreamedPolicy(batcher, i) if cfg.episode_streams else batcher
+                pol = StreamedPolicy(batcher, first_index + i) if cfg.episode_streams else batcher
                 traj = run_episode(task, pol, self.sandbox_factory, self.harness,
                                    policy_version=version, cancel=cancel)
                 if self.scorer is not None:
@@ -240,7 +244,7 @@ class RolloutScheduler:
                 except Exception as e:  # noqa: BLE001 - one bad episode never stops a run
                     errors.append(f"{launch[i].id}: {type(e).__name__}: {e}")
                     continue
-                traj.meta["launch_index"] = i
+                traj.meta["launch_index"] = first_index + i
                 traj.meta["finish_s"] = finish.get(i, time.monotonic() - t0)
                 if traj.training_policy == TrainingPolicy.DROP:
                     dropped.append(traj)

@@ -43,6 +43,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from terminal_rsi import multihost
 from terminal_rsi.atomic import atomic_write_text
 
 
@@ -231,6 +232,17 @@ def read_shard(path: str | os.PathLike) -> list[Trajectory]:
             except (json.JSONDecodeError, TrajectoryFormatError) as e:
                 raise TrajectoryFormatError(f"{path}:{n}: {e}") from e
     return out
+
+
+def gather_trajectories(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
+    """Every process's `trajectories`, concatenated in process order, on every process
+    (`multihost.gather`; a list of the same trajectories on one process). Every process must
+    call it at the same point: a run that splits its episodes by `multihost.process_share`
+    gets them back in the order of one process's run."""
+    if not multihost.is_multiprocess():
+        return list(trajectories)
+    return [Trajectory.from_dict(d)
+            for d in multihost.gather([t.to_dict() for t in trajectories])]
 
 
 def summarize(trajs: Sequence[Trajectory]) -> dict[str, float]:

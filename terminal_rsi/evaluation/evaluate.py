@@ -37,7 +37,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
 from terminal_rsi.advantages import compute_advantages
 from terminal_rsi.agent import (
@@ -45,6 +47,7 @@ from terminal_rsi.agent import (
     RolloutScheduler,
     SamplerPolicy,
     SchedulerConfig,
+    gather_trajectories,
     pack_trajectories,
     write_shard,
 )
@@ -99,10 +102,12 @@ def load_actor(config) -> LoadedModel:
 
 
 def load_critic(path: str, mcfg):
-    from flax import nnx
-
+    """(graphdef, params) of the critic exported at `path`; with several processes the
+    params are a local copy on each (`multihost.local_replica`: every process calls this
+    together), so measuring it issues no collective."""
     graphdef, abstract = shd.abstract_model(ValueModel, mcfg)
-    return graphdef, import_weights(path, "critic", nnx.to_pure_dict(abstract))
+    return graphdef, multihost.local_replica(
+        import_weights(path, "critic", nnx.to_pure_dict(abstract)))
 
 
 def eval_tasks(config) -> dict[str, list]:
@@ -134,7 +139,8 @@ def frozen_strata(config, tasks_by_suite: dict, workdir: str):
     else:
         allt = [x for ts in tasks_by_suite.values() for x in ts]
         table = fit_strata(list({x.id: x for x in allt}.values()))
-    table.save(os.path.join(workdir, "strata.json"))
+    if multihost.is_writer():
+        table.save(os.path.join(workdir, "strata.json"))
     return table
 
 
@@ -170,12 +176,31 @@ def critic_explained_variance(critic_graphdef, critic_params, trajectories, buck
     return ev if np.isfinite(ev) else None
 
 
+def collect_share(sched: RolloutScheduler, launch: list, desc: str) -> tuple[list, list, list]:
+    """(finished, dropped, errors) of every episode of `launch`: with several processes each
+    runs its share (`multihost.process_share`, launch indices and random streams as in one
+    run) and the results are gathered in launch order on every process."""
+    lo, hi = multihost.process_share(len(launch))
+    if hi > lo:
+        res = sched.collect(launch[lo:hi], hi - lo, desc=desc, first_index=lo)
+        mine, dropped, errors = res.trajectories + res.stragglers, res.dropped, res.errors
+    else:  # more processes than episodes
+        mine, dropped, errors = [], [], []
+    if not multihost.is_multiprocess():
+        return mine, dropped, errors
+    return (gather_trajectories(mine), gather_trajectories(dropped),
+            multihost.gather(list(errors)))
+
+
 def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *,
                strata=None, critic=None, log=echo) -> dict:
-    """Run every suite k times and summarize; writes `<suite>.jsonl` shards. A progress bar
-    per suite (`terminal_rsi.progress`); one summary line per suite through `log` (EV n/a:
-    no critic given, or no episode to measure it on)."""
+    """Run every suite k times and summarize; writes `<suite>.jsonl` shards (process 0).
+    With several processes, each samples its share of every suite's episodes with a local
+    copy of the weights (`collect_share`), and every process summarizes all of them. A
+    progress bar per suite (`terminal_rsi.progress`); one summary line per suite through
+    `log` (EV n/a: no critic given, or no episode to measure it on)."""
     h, r, e = config.harness, config.rollout, config.eval
+    params = multihost.local_replica(model.params)  # sampling issues no collective
     divisors = _divisors(config)
     buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple)
     sampler = _cached(("sampler", model.config, r.decode_block, buckets),
@@ -186,29 +211,29 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
     out = {}
     for si, (suite, tasks) in enumerate(tasks_by_suite.items()):
         t0 = time.monotonic()
-        policy = SamplerPolicy(sampler, model.params, model.tokenizer,
-                               seed=config.seed * 1000 + si)
+        # episode i samples from stream i of the suite's seed, whichever process runs it
+        policy = SamplerPolicy(sampler, params, model.tokenizer, seed=config.seed * 1000 + si)
         sched = RolloutScheduler(
             policy, harness, task_sandbox_factory(config.tasks),
             SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True,
                             episode_streams=True),
             scorer=scorer)
         launch = [task for _ in range(e.k) for task in tasks]
-        res = sched.collect(launch, len(launch), desc=f"eval {suite}")
+        got, dropped, errors = collect_share(sched, launch, f"eval {suite}")
         runs: list[list] = [[None] * len(tasks) for _ in range(e.k)]
-        got = res.trajectories + res.stragglers
         for traj in got:
             i = int(traj.meta["launch_index"])
             traj.meta["eval_run"], traj.meta["eval_task"] = i // len(tasks), i % len(tasks)
             runs[i // len(tasks)][i % len(tasks)] = traj
         shard = f"{suite}.jsonl"
-        write_shard(os.path.join(workdir, shard), got + res.dropped)
+        if multihost.is_writer():
+            write_shard(os.path.join(workdir, shard), got + dropped)
         ev = None
         if critic is not None:
             ev = critic_explained_variance(critic[0], critic[1], got, buckets)
         out[suite] = summarize_suite(tasks, runs, divisors=divisors, strata=strata,
                                      explained_variance=ev, trajectories=shard)
-        out[suite]["episode_errors"] = len(res.errors)
+        out[suite]["episode_errors"] = len(errors)
         out[suite]["wall_s"] = time.monotonic() - t0
         log(f"[evaluate] {suite}: Mean@{e.k} {out[suite]['mean_at_k']:.3f}  "
             f"pass@{e.k} {out[suite]['pass_at_k'].get(str(e.k), float('nan')):.3f}  "
@@ -228,7 +253,8 @@ def evaluate(config: EvalConfig, workdir: str, log=echo) -> dict:
         critic = load_critic(config.init.critic_weights, model.config)
     metrics = run_suites(model, tasks_by_suite, config, workdir, strata=strata, critic=critic,
                          log=log)
-    atomic_write_json(os.path.join(workdir, "metrics.json"), metrics)
+    if multihost.is_writer():
+        atomic_write_json(os.path.join(workdir, "metrics.json"), metrics)
     return metrics
 
 

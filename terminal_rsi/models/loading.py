@@ -46,6 +46,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
 from terminal_rsi.checkpoint import CheckpointError, import_weights
 from terminal_rsi.models import lora, weights
@@ -194,7 +195,7 @@ def _with_adapters(params: dict, cls, mcfg, mesh) -> dict:
     """Base params of a `cls` (DecoderLM, ValueModel) with fresh LoRA adapters of `mcfg`
     (`lora.add_adapters`), placed on `mesh` if given."""
     out = lora.add_adapters(params, mcfg, seed=0)
-    return jax.device_put(out, shd.param_shardings(cls, mcfg, mesh)) if mesh else out
+    return multihost.put(out, shd.param_shardings(cls, mcfg, mesh)) if mesh else out
 
 
 def initial_actor_params(config, mcfg, *, mesh=None) -> dict | None:

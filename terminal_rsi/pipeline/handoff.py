@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from terminal_rsi import multihost
 from terminal_rsi.checkpoint import export_weights
 from terminal_rsi.models.transformer import critic_params_from_actor
 from terminal_rsi.pipeline.graph import StageSpec
@@ -24,9 +25,11 @@ from terminal_rsi.pipeline.resolve import PipelineError
 
 
 def restore_export(export_dir: str, role: str):
-    """The params of `<export_dir>/<role>` as saved (no target tree, no model config)."""
+    """The params of `<export_dir>/<role>` as saved (no target tree, no model config), as a
+    host copy on every process (`multihost.host_copy`: with several processes every one
+    calls this together)."""
     with ocp.StandardCheckpointer() as c:
-        return c.restore(os.path.join(os.path.abspath(export_dir), role))
+        return multihost.host_copy(c.restore(os.path.join(os.path.abspath(export_dir), role)))
 
 
 def same_params(a, b) -> bool:
@@ -64,12 +67,17 @@ def check_handoff(spec: StageSpec, out: str, input_exports: Mapping[str, str]) -
     if spec.kind != "warmup" and not os.path.isdir(os.path.join(out, "actor")):
         raise PipelineError(f"stage {spec.name} wrote no actor export at {out}/actor")
     crit = os.path.join(out, "critic")
-    if spec.kind == "base" and not os.path.isdir(crit):
+    had_critic = os.path.isdir(crit)
+    # several processes take the same branches: each looks before any of them writes
+    multihost.barrier(f"handoff_{spec.name}_looked")
+    if spec.kind == "base" and not had_critic:
         export_weights(out, "critic", critic_params_from_actor(restore_export(out, "actor")))
     if spec.kind == "rsr":
         src = input_exports["critic"]
-        if not os.path.isdir(crit):
-            shutil.copytree(os.path.join(src, "critic"), crit)
+        if not had_critic:
+            if multihost.is_writer():
+                shutil.copytree(os.path.join(src, "critic"), crit)
+            multihost.barrier(f"handoff_{spec.name}_copied")
         elif not same_params(restore_export(src, "critic"), restore_export(out, "critic")):
             raise PipelineError(f"stage {spec.name} changed the critic; RSR must pass it "
                                 "through unchanged (Δφ = 0, Eq. 4)")

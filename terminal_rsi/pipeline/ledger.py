@@ -21,6 +21,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from terminal_rsi import multihost
 from terminal_rsi.atomic import atomic_write_json
 
 FORMAT = "terminal_rsi.ledger/1"
@@ -87,9 +88,12 @@ class Ledger:
                 "stages": self.stages, "plots": self.plots}
 
     def save(self) -> None:
+        """Validate and write the ledger (with several processes every one keeps the same
+        in-memory record and process 0 alone writes it)."""
         d = self.to_dict()
         validate_ledger(d)
-        atomic_write_json(self.path, _clean(d))
+        if multihost.is_writer():
+            atomic_write_json(self.path, _clean(d))
 
 
 def eval_k(stages: Sequence[Mapping]) -> int | None:

@@ -46,8 +46,8 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 
-from terminal_rsi import registry
-from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi import multihost, registry
+from terminal_rsi.atomic import atomic_write_json, atomic_write_text
 from terminal_rsi.checkpoint import candidate_exports
 from terminal_rsi.configuration import build
 from terminal_rsi.evaluation.config import EvalConfig
@@ -82,6 +82,7 @@ from terminal_rsi.pipeline.validation import (
     bypassed_record,
     decide,
     has_validation_split,
+    rejected_dir,
     replace_exports,
     validation_config,
 )
@@ -112,6 +113,7 @@ class Pipeline:
         self._hashes: dict[str, str] = {}
         os.makedirs(self.run_dir, exist_ok=True)
         self.ledger = Ledger(self.run_dir, [(n, self.graph[n].experiment) for n in self.order])
+        multihost.barrier("pipeline_ledger_read")  # every process read it before any write
 
     # ------------------------------------------------------------------ paths
 
@@ -207,8 +209,10 @@ class Pipeline:
     def run(self, targets: Sequence[str] | None = None) -> Ledger:
         order = prerequisites(targets, self.graph) if targets else self.order
         self.resolve_all()
-        self.frozen_divisors()
-        self.frozen_strata()
+        if multihost.is_writer():  # written once, before any stage; every process reads them
+            self.frozen_divisors()
+            self.frozen_strata()
+        multihost.barrier("pipeline_frozen")
         self.ledger.save()
         for n in order:
             self.ensure(n)
@@ -237,8 +241,15 @@ class Pipeline:
 
     def prepare_stage_dir(self, name: str, h: str) -> str:
         """`<run_dir>/<name>`, emptied if a run of another config hash left it, with its
-        marker (stage.json) and resolved config (config.json)."""
+        marker (stage.json) and resolved config (config.json); process 0 prepares it while
+        the others wait."""
         sdir = self.stage_dir(name)
+        if multihost.is_writer():
+            self._prepare_stage_dir(name, h, sdir)
+        multihost.barrier(f"pipeline_{name}_prepared")
+        return sdir
+
+    def _prepare_stage_dir(self, name: str, h: str, sdir: str) -> None:
         marker = os.path.join(sdir, "stage.json")
         if os.path.isdir(sdir):
             old = None
@@ -251,13 +262,12 @@ class Pipeline:
         os.makedirs(sdir, exist_ok=True)
         atomic_write_json(marker, {"config_hash": h, "experiment": self.graph[name].experiment})
         atomic_write_json(os.path.join(sdir, "config.json"), self.stage_config(name).to_dict())
-        return sdir
+        shutil.rmtree(os.path.join(sdir, "rejected"), ignore_errors=True)  # an earlier try's
 
     def run_stage(self, name: str, h: str) -> None:
         """Run stage `name` (config hash `h`) and hand off its exports; the ledger follows."""
         spec = self.graph[name]
         sdir = self.prepare_stage_dir(name, h)
-        shutil.rmtree(os.path.join(sdir, "rejected"), ignore_errors=True)  # an earlier try's
         self.ledger.update(
             name, status="running", config_hash=h, started=now_iso(), finished=None,
             wall_s=None, error=None, eval={}, train={}, validation={}, eval_wall_s=None,
@@ -267,11 +277,12 @@ class Pipeline:
         t0 = time.monotonic()
         try:
             self.execute(name)
+            multihost.barrier(f"pipeline_{name}_ran")  # process 0's files are written
             check_handoff(spec, self.export_dir(name), self.input_exports(name))
         except Exception as ex:  # noqa: BLE001 - recorded, then the run stops
             err = f"{type(ex).__name__}: {ex}"
-            with open(os.path.join(sdir, "error.txt"), "w") as f:
-                f.write(traceback.format_exc())
+            if multihost.is_writer():
+                atomic_write_text(os.path.join(sdir, "error.txt"), traceback.format_exc())
             self.ledger.update(name, status="failed", error=err, finished=now_iso(),
                                wall_s=time.monotonic() - t0)
             raise StageFailed(f"stage {name} ({spec.experiment}) failed: {err}. Traceback in "
@@ -286,9 +297,10 @@ class Pipeline:
         """The stage's experiment on its resolved config; a bypassed stage (ablation,
         `pipeline.bypass`) copies its inputs' exports instead."""
         if name in self.bypass:
-            copy_inputs(self.graph[name], self.export_dir(name), self.input_exports(name))
-            atomic_write_json(os.path.join(self.stage_dir(name), "summary.json"),
-                              {"bypassed": 1})
+            if multihost.is_writer():
+                copy_inputs(self.graph[name], self.export_dir(name), self.input_exports(name))
+                atomic_write_json(os.path.join(self.stage_dir(name), "summary.json"),
+                                  {"bypassed": 1})
             return
         registry.get_experiment(self.graph[name].experiment).run(self.stage_config(name),
                                                                   self.stage_dir(name))
@@ -321,10 +333,11 @@ class Pipeline:
         sources = (self.input_exports(name) if rec["decision"] == "input" else
                    None if best["dir"] == self.export_dir(name) else
                    dict.fromkeys(spec.inputs, best["dir"]))
-        if sources is not None:
-            rec["rejected"] = os.path.relpath(
-                replace_exports(spec, self.stage_dir(name), self.export_dir(name), sources),
-                self.run_dir)
+        if sources is not None:  # process 0 swaps the exports while the others wait
+            if multihost.is_writer():
+                replace_exports(spec, self.stage_dir(name), self.export_dir(name), sources)
+            multihost.barrier(f"pipeline_{name}_exports_replaced")
+            rec["rejected"] = os.path.relpath(rejected_dir(self.stage_dir(name)), self.run_dir)
         rec.update(metric="mean_at_k", k=v.k, num_tasks=best["num_tasks"],
                    score=best["score"], wall_s=time.monotonic() - t0,
                    per_family=best["per_family"], trajectories=best["trajectories"],
@@ -401,6 +414,8 @@ class Pipeline:
     # ------------------------------------------------------------------ plots
 
     def plot(self) -> None:
+        if not multihost.is_writer():
+            return
         try:
             made = plots.make_all(self.run_dir, self.ledger.to_dict())
         except Exception as ex:  # noqa: BLE001 - a plot never stops a run

@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Mapping
 
+from terminal_rsi import multihost
 from terminal_rsi.agent import read_shard
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.evaluation.evaluate import critic_explained_variance, eval_tasks, load_critic
@@ -71,8 +72,9 @@ def critic_only_eval(critic_export: str, eval_config, src: str, src_eval: Mappin
                       "actor_from": src, "trajectories": ev["trajectories"],
                       "explained_variance": critic_explained_variance(
                           graphdef, params, trajs, buckets)}
-    os.makedirs(edir, exist_ok=True)
-    atomic_write_json(os.path.join(edir, "metrics.json"), out)
+    if multihost.is_writer():
+        os.makedirs(edir, exist_ok=True)
+        atomic_write_json(os.path.join(edir, "metrics.json"), out)
     return out
 
 

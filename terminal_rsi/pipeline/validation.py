@@ -123,6 +123,11 @@ def bypassed_record(source: str, source_record: Mapping | None) -> dict:
             "reason": f"bypassed: exports its input {source}"}
 
 
+def rejected_dir(stage_dir: str) -> str:
+    """Where a stage keeps the exports that model selection did not hand on."""
+    return os.path.join(stage_dir, "rejected")
+
+
 def replace_exports(spec: StageSpec, stage_dir: str, export_dir: str,
                     sources: Mapping[str, str]) -> str:
     """Replace the stage's exports by copies of `sources` (role -> a directory holding
@@ -131,7 +136,7 @@ def replace_exports(spec: StageSpec, stage_dir: str, export_dir: str,
     swapped by renames after its copy is complete, so an interruption leaves either export
     whole, and a rerun of a decision cut short keeps the final export it already moved (a
     stage that runs again starts without `rejected/`, `Pipeline.run_stage`)."""
-    rejected = os.path.join(stage_dir, "rejected")
+    rejected = rejected_dir(stage_dir)
     os.makedirs(rejected, exist_ok=True)
     staging = os.path.join(stage_dir, "rejected.incoming")
     if os.path.isdir(staging):

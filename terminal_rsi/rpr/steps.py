@@ -47,7 +47,7 @@ from terminal_rsi.agent import (
     pack_trajectories,
 )
 from terminal_rsi.agent.scheduler import logprob_gap
-from terminal_rsi.agent.trajectory import Trajectory, read_shard, write_shard
+from terminal_rsi.agent.trajectory import gather_trajectories, read_shard, write_shard
 from terminal_rsi.alignment import trained_mask
 from terminal_rsi.checkpoint import RunCheckpointer
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
@@ -225,14 +225,6 @@ def _launch(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
                                     for n in (len(tasks), r.batch_size))
     return lambda: sched.collect(tasks[lo:hi], keep_hi - keep_lo,
                                  policy_version=state.version), state
-
-
-def gather_trajectories(trajectories: list) -> list:
-    """Every process's episodes, in process order, on every process (unchanged on one)."""
-    if not multihost.is_multiprocess():
-        return list(trajectories)
-    return [Trajectory.from_dict(d) for d in multihost.gather([t.to_dict()
-                                                                for t in trajectories])]
 
 
 def gather_result(res: RolloutResult) -> RolloutResult:

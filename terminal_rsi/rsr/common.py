@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from terminal_rsi import multihost
 from terminal_rsi.agent import (
     HarnessConfig,
     SamplerPolicy,
     ScriptedPolicy,
+    gather_trajectories,
     reference_action,
 )
 from terminal_rsi.agent.harness import run_episode
@@ -84,28 +86,31 @@ def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) ->
     """Run one episode per task, `concurrency` at a time with generation batched across
     episodes (`BatchingPolicy`, as the rollout scheduler does), keeping every episode in
     input order (the scheduler keeps only the first trainable ones to finish), each scored
-    by `RSR_SCORER`. `harness`: one HarnessConfig, or a list with one per task."""
-    if not tasks:
-        return []
-    batcher = BatchingPolicy(policy)
-    out: list[Any] = [None] * len(tasks)
+    by `RSR_SCORER`. `harness`: one HarnessConfig, or a list with one per task. With several
+    processes each runs its share of the tasks (`multihost.process_share`; every process
+    must call this together) and every process gets all the episodes, in input order."""
+    lo, hi = multihost.process_share(len(tasks))
+    mine = tasks[lo:hi]
+    out: list[Any] = [None] * len(mine)
+    if mine:
+        batcher = BatchingPolicy(policy)
 
-    def work(i, task):
-        batcher.episode_started()
+        def work(i, task):
+            batcher.episode_started()
+            try:
+                h = harness[lo + i] if isinstance(harness, list | tuple) else harness
+                out[i] = run_episode(task, batcher, sandbox, h)
+                RSR_SCORER(out[i])
+            finally:
+                batcher.episode_finished()
+
         try:
-            h = harness[i] if isinstance(harness, list | tuple) else harness
-            out[i] = run_episode(task, batcher, sandbox, h)
-            RSR_SCORER(out[i])
+            with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
+                for f in [pool.submit(work, i, t) for i, t in enumerate(mine)]:
+                    f.result()
         finally:
-            batcher.episode_finished()
-
-    try:
-        with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
-            for f in [pool.submit(work, i, t) for i, t in enumerate(tasks)]:
-                f.result()
-    finally:
-        batcher.close()
-    return out
+            batcher.close()
+    return gather_trajectories(out)
 
 
 def optimizer_config(opt_section, total_steps: int = 0):
@@ -131,8 +136,14 @@ def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):
                               params=initial_actor_params(config, mcfg))
 
 
-def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
-    """A SamplerPolicy of `actor` (its Sampler compiled once per shape, kept in `cache`)."""
+def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict, *,
+                        per_process: bool = True):
+    """A SamplerPolicy of `actor` (its Sampler compiled once per shape, kept in `cache`).
+    With several processes (every one must call this together) it samples with a local
+    copy of the weights (`multihost.local_replica`: no collective while sampling) and, with
+    `per_process`, from its own stream (`multihost.process_seed`) for its share of the
+    episodes; `per_process=False` gives every process the same stream, for generation that
+    every process repeats and must agree on (the policy planner)."""
     r = config.rollout
     pad = int(tokenizer.pad_id)
     key = ("sampler", mcfg, r.decode_block, r.prefill_chunk, r.cache_multiple, pad)
@@ -140,7 +151,8 @@ def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
         cache[key] = Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
                              buckets=Buckets(prefill_chunk=r.prefill_chunk,
                                              cache_multiple=r.cache_multiple), pad_id=pad)
-    return SamplerPolicy(cache[key], actor.params, tokenizer, seed=seed)
+    return SamplerPolicy(cache[key], multihost.local_replica(actor.params), tokenizer,
+                         seed=multihost.process_seed(seed) if per_process else seed)
 
 
 def success_by_family(trajs: Sequence) -> dict[str, dict[str, float]]:
@@ -151,11 +163,15 @@ def success_by_family(trajs: Sequence) -> dict[str, dict[str, float]]:
 
 
 def write_jsonl(path: str, rows: Sequence[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    """`rows` as JSON Lines at `path`, atomically (process 0 alone writes)."""
+    if multihost.is_writer():
+        atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def write_json(path: str, obj: dict) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """`obj` as JSON at `path`, atomically (process 0 alone writes)."""
+    if multihost.is_writer():
+        atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def stage_dirs(workdir: str) -> tuple[str, str]:

@@ -283,13 +283,15 @@ class StageSetup:
     def concurrency(self) -> int:
         return self.config.rollout.concurrency
 
-    def policy(self, actor: TrainState, seed: int):
+    def policy(self, actor: TrainState, seed: int, *, per_process: bool = True):
         """A sampler policy of `actor` (`common.make_sampler_policy`)."""
         return cm.make_sampler_policy(actor, self.mcfg, self.tokenizer, self.config, seed,
-                                      self.cache)
+                                      self.cache, per_process=per_process)
 
     def write(self, name: str, trajectories: list) -> None:
-        write_shard(os.path.join(self.trajdir, f"{name}.jsonl"), trajectories)
+        """`trajectories/<name>.jsonl` (process 0 writes; every process holds them all)."""
+        if multihost.is_writer():
+            write_shard(os.path.join(self.trajdir, f"{name}.jsonl"), trajectories)
 
     def candidate_exporter(self, n_steps: int) -> Callable[[int, TrainState], None]:
         """`train_sft`'s on_state hook: the actor (with the unchanged input critic) of each
@@ -380,7 +382,9 @@ def discover_successes(st: StageSetup, actor_pol) -> Discovered:
 
 
 def plan_and_review(st: StageSetup, kept: list, actor_pol) -> Reviewed:
-    """Steps 2-3: runbooks planned from each kept success, then the reviewer's gate."""
+    """Steps 2-3: runbooks planned from each kept success, then the reviewer's gate. Every
+    process plans every runbook (`actor_pol` samples the same stream on each), so all of
+    them execute and train on the same ones."""
     p = st.config.planner
     planner = make_planner(p.kind, policy=actor_pol, k=p.k, max_tokens=p.max_tokens,
                            temperature=p.temperature)
@@ -558,7 +562,7 @@ def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
     st, actor = setup_stage(config, workdir)
     actor_pol = st.policy(actor, config.seed)
     disc = discover_successes(st, actor_pol)
-    rev = plan_and_review(st, disc.kept, actor_pol)
+    rev = plan_and_review(st, disc.kept, st.policy(actor, config.seed, per_process=False))
     fresh, q_clean = execute_runbooks(st, actor_pol, rev.to_run)
     rehearsal = rehearse(st, actor_pol)
     # the rewritten tasks (those with a clean sample): success under H0 before and after

@@ -250,3 +250,25 @@ def test_episode_streams_replay_the_same_episodes_whatever_runs_beside_them():
     assert sampled(4, 4) != batched  # and with the policy's seed
     # without streams a batch shares one key per call: one at a time differs from batched
     assert sampled(3, 1, streams=False) != sampled(3, 4, streams=False)
+
+
+def test_a_share_with_first_index_replays_its_part_of_the_whole_launch():
+    """One process's share of a launch list (`first_index`, as evaluation splits it across
+    processes) samples the same episodes, under the same launch indices, as the whole list
+    run at once; without it the share would start over at stream 0."""
+    h = HarnessConfig(max_turns=2, max_output_tokens=8,
+                      sampling=SamplingSettings(temperature=1.0))
+    tasks = _tasks(2) + _tasks(2, "count_lines")
+
+    def sampled(launch, first_index=0):
+        sched = RolloutScheduler(_tiny_sampler_policy(3), h, config=SchedulerConfig(
+            concurrency=2, oversample=0, keep_stragglers=True, episode_streams=True))
+        res = sched.collect(launch, batch_size=len(launch), first_index=first_index)
+        assert not res.errors
+        return {t.meta["launch_index"]: [tuple(x.sampled_ids) for x in t.turns]
+                for t in res.trajectories + res.stragglers}
+
+    whole = sampled(tasks)
+    assert sampled(tasks[2:], first_index=2) == {i: whole[i] for i in (2, 3)}
+    assert sorted(sampled(tasks[2:])) == [0, 1]
+    assert sampled(tasks[2:]) != {i - 2: whole[i] for i in (2, 3)}
