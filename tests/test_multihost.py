@@ -13,6 +13,7 @@ import jax
 import pytest
 
 from configs.rpr2_spr import get_config
+from launch import slurm
 from terminal_rsi import multihost
 from terminal_rsi.agent.trajectory import read_shard
 from terminal_rsi.configuration import build
@@ -165,16 +166,54 @@ def test_rpr_phase_in_two_processes(tmp_path):
     assert summary["completed"] and summary["step"] == 4
 
 
+# Stand-ins for the SLURM commands the batch script calls (no SLURM on this machine): `srun`
+# starts its --nodes tasks here, each with SLURM_PROCID, and writes task i's output to
+# $SRUN_LOGS/task_<i>.log; `scontrol show hostnames` names this machine.
+SRUN = """#!/bin/bash
+n=1
+while [[ $1 == --* ]]; do case $1 in --nodes=*) n=${1#--nodes=};; esac; shift; done
+pids=()
+for ((i = 0; i < n; i++)); do
+  SLURM_PROCID=$i SLURM_NTASKS=$n "$@" > "$SRUN_LOGS/task_$i.log" 2>&1 & pids+=($!)
+done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc
+"""
+
+
+def _run_slurm_script(run_args: list[str], tmp_path, timeout: int = 420) -> list[str]:
+    """The batch script `launch/slurm.py --nodes=2` renders for `run_args` (what its
+    --dry-run prints), run with bash on this machine: two processes, 2 CPU devices each."""
+    text, _ = slurm.render([
+        "--nodes=2", "--gpus-per-node=0", f"--port={_free_port()}", f"--project-dir={ROOT}",
+        f"--python={sys.executable}", "--env=XLA_FLAGS=--xla_force_host_platform_device_count=2",
+        "--env=JAX_PLATFORMS=cpu", f"--env=PYTHONPATH={ROOT}", *run_args])
+    bin_dir, logs = tmp_path / "slurm_bin", tmp_path / "slurm_logs"
+    bin_dir.mkdir(exist_ok=True)
+    logs.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NTASKS": "2",
+           "SLURM_JOB_NODELIST": "localhost", "SRUN_LOGS": str(logs)}
+    done = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, timeout=timeout,
+                          capture_output=True, text=True)
+    outs = [(logs / f"task_{i}.log").read_text() for i in range(2)]
+    assert done.returncode == 0, f"{done.stderr[-2000:]}\n" + "\n".join(o[-3000:] for o in outs)
+    return outs
+
+
 def test_main_job_in_two_processes(tmp_path):
-    """The main job (configs/rpr2_spr.py at the test scale) in two processes: every stage
-    runs in both, is validated and evaluated, and process 0 keeps the ledger; rerun, every
-    stage is reused. Evaluation splits its episodes across the processes with their random
-    streams: the base's held-out episodes are those one process samples alone."""
+    """The main job (configs/rpr2_spr.py at the test scale) in two processes, started by the
+    batch script the SLURM launcher renders: every stage runs in both, is validated and
+    evaluated, and process 0 keeps the ledger; rerun, every stage is reused. Evaluation
+    splits its episodes across the processes with their random streams: the base's held-out
+    episodes are those one process samples alone."""
     work = tmp_path / "run"
-    args = ["experiments/run.py", "--config=configs/rpr2_spr.py", "--config.scale=test",
-            f"--workdir={work}"]
+    args = ["--config=configs/rpr2_spr.py", f"--workdir={work}", "--config.scale=test"]
     stages = ["base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_spr"]
-    for out in _run_two(args, tmp_path):
+    for out in _run_slurm_script(args, tmp_path):
         assert f"trained now: {', '.join(stages)}" in out
     ledger = json.loads((work / "ledger.json").read_text())
     validate_ledger(ledger)
@@ -204,5 +243,5 @@ def test_main_job_in_two_processes(tmp_path):
     ran = episodes(work / "base" / "eval" / "heldout_instances.jsonl")
     assert len(ran) == split["k"] * split["num_tasks"]
     assert ran == episodes(tmp_path / "alone" / "heldout_instances.jsonl")
-    for out in _run_two(args, tmp_path):
+    for out in _run_slurm_script(args, tmp_path):
         assert "trained now: none" in out
