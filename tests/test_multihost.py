@@ -197,6 +197,8 @@ def _run_slurm_script(run_args: list[str], tmp_path, timeout: int = 420) -> list
     (tmp_path / "job.sbatch").write_text(text)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NTASKS": "2",
            "SLURM_JOB_NODELIST": "localhost", "SRUN_LOGS": str(logs)}
+    for k in ("TERMINAL_RSI_PROCESS_ID", "TERMINAL_RSI_NUM_PROCESSES"):
+        env.pop(k, None)  # the script's own wiring, not the caller's
     done = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, timeout=timeout,
                           capture_output=True, text=True)
     outs = [(logs / f"task_{i}.log").read_text() for i in range(2)]

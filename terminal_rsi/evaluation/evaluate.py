@@ -16,6 +16,10 @@ Order of work: the task lists are built and the difficulty strata frozen (loaded
 in one scheduler batch (T·k episodes, each with its own sampling randomness); an attempt
 without a verdict (dropped, errored) counts as a failure.
 
+Several processes (a multi-host run): each runs its share of every suite's episodes with a
+local copy of the weights, episode i from stream i as in one process (`collect_share`); every
+process summarizes all of them and process 0 writes the files.
+
 Outputs in `<workdir>`: `<suite>.jsonl` (every episode, `write_shard` format, with
 `meta.eval_run` and `meta.eval_task`), `metrics.json` (one dict per suite: see
 `terminal_rsi.evaluation.summary.summarize_suite`), `strata.json`.
