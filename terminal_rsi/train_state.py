@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
@@ -164,8 +164,18 @@ def apply_gradients(state: TrainState, grads) -> TrainState:
 
 
 def init_opt_state(tx: optax.GradientTransformation, params) -> Any:
-    """`tx.init` of the trainable part of `params` (all of them without LoRA adapters)."""
-    return tx.init(split_trainable(params)[0])
+    """`tx.init` of the trainable part of `params` (all of them without LoRA adapters). Its
+    counters are put on the params' mesh (replicated) where the params have one, not left on
+    this process's first device, which a multi-process update step could not take with the
+    params."""
+    trainable = split_trainable(params)[0]
+    opt_state = tx.init(trainable)
+    sharding = jax.tree.leaves(trainable)[0].sharding
+    if not isinstance(sharding, NamedSharding):
+        return opt_state
+    replicated = NamedSharding(sharding.mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if x.sharding.device_set == sharding.device_set
+                        else multihost.put(x, replicated), opt_state)
 
 
 # ----------------------------------------------------------------------------- test losses

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 import pytest
 
 from configs.rpr2_spr import get_config
@@ -22,6 +23,9 @@ from terminal_rsi.evaluation.evaluate import evaluate
 from terminal_rsi.pipeline import validate_ledger
 from terminal_rsi.pipeline.resolve import set_path
 from terminal_rsi.pipeline.runner import Pipeline
+from terminal_rsi.rsr import common as cm
+from terminal_rsi.rsr.stage import run_rsr
+from tests.rsr.helpers import follower_policy, tiny_stage_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -247,3 +251,43 @@ def test_main_job_in_two_processes(tmp_path):
     assert ran == episodes(tmp_path / "alone" / "heldout_instances.jsonl")
     for out in _run_slurm_script(args, tmp_path):
         assert "trained now: none" in out
+
+
+RSR_PROBE = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from terminal_rsi import multihost, sharding
+    assert sharding.maybe_initialize_distributed({})
+    from terminal_rsi.rsr import common as cm
+    from terminal_rsi.rsr.stage import run_rsr
+    from tests.rsr.helpers import follower_policy, tiny_stage_config
+    # the actor's sampler follows the runbooks perfectly, so Q_clean is not empty
+    cm.make_sampler_policy = lambda actor, mcfg, tok, *a, **k: follower_policy(tok)
+    res = run_rsr(tiny_stage_config(**json.loads(sys.argv[2])), sys.argv[1])
+    actor = multihost.host_copy(res.actor.params)
+    if multihost.is_writer():
+        np.save(os.path.join(sys.argv[1], "embed.npy"), actor["backbone"]["embed"])
+""")
+
+
+def test_rsr_stage_in_two_processes(tmp_path, monkeypatch):
+    """An RSR stage with a non-empty Q_clean in two processes (discovery and fresh execution
+    split and gathered, the SFT sharded over 4 devices) keeps what one process keeps and
+    trains the same actor, up to float summation order."""
+    over = {"eval.rewritten": False, "execution.m": 1, "sft.steps": 3}
+    probe = tmp_path / "rsr_probe.py"
+    probe.write_text(RSR_PROBE)
+    work = tmp_path / "two"
+    _run_two([str(probe), str(work), json.dumps(over)], tmp_path, timeout=300)
+    two = json.loads((work / "summary.json").read_text())
+    monkeypatch.setattr(cm, "make_sampler_policy",
+                        lambda actor, mcfg, tok, *a, **k: follower_policy(tok))
+    one = run_rsr(tiny_stage_config(**over), str(tmp_path / "one"))
+    assert two["q_clean_size"] == one.summary["q_clean_size"] >= 2
+    assert two["sft_steps"] == one.summary["sft_steps"] == 3
+    assert two["discovery_verified"] == one.summary["discovery_verified"]
+    assert len(read_shard(work / "trajectories" / "fresh.jsonl")) == two["fresh_executions"]
+    np.testing.assert_allclose(two["nll_after"], one.summary["nll_after"], rtol=1e-4)
+    np.testing.assert_allclose(np.load(work / "embed.npy"),
+                               np.asarray(one.actor.params["backbone"]["embed"]),
+                               rtol=1e-4, atol=1e-6)
