@@ -4,6 +4,7 @@ phase run by `experiments/run.py` in both, one batch ahead, with evaluation and 
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,8 +37,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two(args: list[str], tmp_path, timeout: int = 420) -> list[str]:
-    """Start `python args...` as processes 0 and 1 of one distributed job; their outputs."""
+def _run_two(args: list[str], tmp_path, timeout: int = 420, returncode: int = 0) -> list[str]:
+    """Start `python args...` as processes 0 and 1 of one distributed job; their outputs
+    (each must exit with `returncode`)."""
     port = _free_port()
     procs = []
     for i in range(2):
@@ -60,7 +62,7 @@ def _run_two(args: list[str], tmp_path, timeout: int = 420) -> list[str]:
                 p.kill()
     for i, (p, _) in enumerate(procs):
         out = (tmp_path / f"process_{i}.log").read_text()
-        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
+        assert p.returncode == returncode, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
         outs.append(out)
     return outs
 
@@ -291,3 +293,39 @@ def test_rsr_stage_in_two_processes(tmp_path, monkeypatch):
     np.testing.assert_allclose(np.load(work / "embed.npy"),
                                np.asarray(one.actor.params["backbone"]["embed"]),
                                rtol=1e-4, atol=1e-6)
+
+
+# The one-batch-ahead phase of tests/rpr/test_phase_ahead.py in two processes; with a step
+# number, each process kills itself with SIGKILL after that step.
+AHEAD_PROBE = textwrap.dedent("""
+    import os, signal, sys
+    from terminal_rsi import sharding
+    assert sharding.maybe_initialize_distributed({})
+    from terminal_rsi.rpr import run_phase
+    from tests.rpr.test_phase_ahead import ahead_config
+    def on_step(step, actor, critic, row):
+        if step == int(sys.argv[2]):
+            os.kill(os.getpid(), signal.SIGKILL)
+    run_phase(ahead_config(), sys.argv[1], on_step=on_step)
+    print("phase finished")
+""")
+
+
+def test_kill_9_and_resume_in_two_processes(tmp_path):
+    """Both processes killed after step 3 (the checkpoint of step 2 holds each process's
+    share of batch 3, batch 4 in flight): the resumed run trains step 3 on exactly the two
+    stored shares, in process order, and finishes the phase."""
+    probe = tmp_path / "ahead_probe.py"
+    probe.write_text(AHEAD_PROBE)
+    work = tmp_path / "run"
+    _run_two([str(probe), str(work), "3"], tmp_path, timeout=300, returncode=-signal.SIGKILL)
+    stored = [read_shard(work / "ahead" / f"process_{i}" / "step_2.jsonl") for i in range(2)]
+    assert [len(x) for x in stored] == [1, 1]  # the step's 2 episodes, one per process
+    for out in _run_two([str(probe), str(work), "0"], tmp_path, timeout=300):
+        assert "phase finished" in out
+    rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    step3 = read_shard(work / "trajectories" / "step_00003.jsonl")
+    assert [(t.task_id, [x.sampled_ids for x in t.turns]) for t in step3] == \
+        [(t.task_id, [x.sampled_ids for x in t.turns]) for t in stored[0] + stored[1]]
+    assert rows[2]["policy_lag_frac_1"] == 1.0  # sampled before step 2's update
