@@ -30,6 +30,9 @@ from tests.rsr.helpers import follower_policy, tiny_stage_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# each test starts two JAX processes: on one xdist worker, so they never run four at once
+pytestmark = pytest.mark.xdist_group("multihost")
+
 
 def _free_port() -> int:
     with socket.socket() as s:
