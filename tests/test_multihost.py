@@ -272,6 +272,27 @@ RSR_PROBE = textwrap.dedent("""
     actor = multihost.host_copy(res.actor.params)
     if multihost.is_writer():
         np.save(os.path.join(sys.argv[1], "embed.npy"), actor["backbone"]["embed"])
+    # the policy planner split over the processes: Q_clean's episodes stand in for successes
+    import jax
+    from types import SimpleNamespace
+    from terminal_rsi.agent import ScriptedPolicy
+    from terminal_rsi.rsr.planner import PolicyPlanner, plan_successes
+    def reply(r):  # the even tasks get a runbook, the odd ones text that does not parse
+        i = int(r.task.instruction)
+        if i % 2:
+            return f"no runbook for {i}"
+        return (f"Runbook: task {i} on process {jax.process_index()}\\n1. run: echo {i}\\n"
+                "2. declare the task complete")
+    from terminal_rsi.models.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    policy = ScriptedPolicy(tok, reply)
+    successes = [SimpleNamespace(task=SimpleNamespace(id=t.task_id, instruction=str(i)),
+                                 trajectory=t) for i, t in enumerate(res.q_clean)]
+    plans = plan_successes(PolicyPlanner(policy, k=2), successes, tok)
+    with open(os.path.join(sys.argv[1], f"plans_{jax.process_index()}.json"), "w") as f:
+        json.dump({"generate_calls": policy.calls,
+                   "plans": [[[p.text, p.error, p.runbook and p.runbook.goal] for p in ps]
+                             for ps in plans]}, f)
 """)
 
 
@@ -296,6 +317,20 @@ def test_rsr_stage_in_two_processes(tmp_path, monkeypatch):
     np.testing.assert_allclose(np.load(work / "embed.npy"),
                                np.asarray(one.actor.params["backbone"]["embed"]),
                                rtol=1e-4, atol=1e-6)
+    # the policy planner: each process generated its share (one call per success), and both
+    # hold every plan, in order, parsed the same
+    runs = [json.loads((work / f"plans_{i}.json").read_text()) for i in range(2)]
+    assert runs[0] == {**runs[1], "generate_calls": runs[0]["generate_calls"]}
+    n = two["q_clean_size"]
+    assert [r["generate_calls"] for r in runs] == [(n + 1) // 2, n // 2]
+    plans = runs[0]["plans"]
+    assert len(plans) == n and all(len(ps) == 2 for ps in plans)
+    for i, ps in enumerate(plans):
+        for _text, error, goal in ps:
+            if i % 2:
+                assert goal is None and "no 'Runbook:' line" in error
+            else:
+                assert error is None and goal == f"task {i} on process {int(i >= (n + 1) // 2)}"
 
 
 # The one-batch-ahead phase of tests/rpr/test_phase_ahead.py in two processes; with a step

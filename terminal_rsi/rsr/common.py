@@ -136,14 +136,11 @@ def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):
                               params=initial_actor_params(config, mcfg))
 
 
-def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict, *,
-                        per_process: bool = True):
+def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
     """A SamplerPolicy of `actor` (its Sampler compiled once per shape, kept in `cache`).
     With several processes (every one must call this together) it samples with a local
-    copy of the weights (`multihost.local_replica`: no collective while sampling) and, with
-    `per_process`, from its own stream (`multihost.process_seed`) for its share of the
-    episodes; `per_process=False` gives every process the same stream, for generation that
-    every process repeats and must agree on (the policy planner)."""
+    copy of the weights (`multihost.local_replica`: no collective while sampling) and from
+    its own stream (`multihost.process_seed`) for its share of the episodes."""
     r = config.rollout
     pad = int(tokenizer.pad_id)
     key = ("sampler", mcfg, r.decode_block, r.prefill_chunk, r.cache_multiple, pad)
@@ -152,7 +149,7 @@ def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict, 
                              buckets=Buckets(prefill_chunk=r.prefill_chunk,
                                              cache_multiple=r.cache_multiple), pad_id=pad)
     return SamplerPolicy(cache[key], multihost.local_replica(actor.params), tokenizer,
-                         seed=multihost.process_seed(seed) if per_process else seed)
+                         seed=multihost.process_seed(seed))
 
 
 def success_by_family(trajs: Sequence) -> dict[str, dict[str, float]]:

@@ -13,6 +13,9 @@ Every plan is a `Plan(runbook, text, error)`: `runbook` is None when the text di
 - `PolicyPlanner`: K samples from a language model (any `Policy`: the actor or a configured
   model) prompted with `PLAN_INSTRUCTION`, the public task and C(τ), parsed with
   `Runbook.parse`.
+
+`plan_successes` plans a list of successes; with several processes each samples the plans of
+its share of them and every process gets all of them back (`multihost.gather`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from terminal_rsi import multihost
 from terminal_rsi.agent.harness import GenerationRequest, SamplingSettings, safe_decode
 from terminal_rsi.rsr.discovery import clean_text, clean_trajectory, executed_commands
 from terminal_rsi.rsr.runbook import (
@@ -55,6 +59,15 @@ def plan_messages(instruction: str, cleaned: list[dict[str, str]],
                                         f"{clean_text(cleaned)}"}]
 
 
+def parse_plan(text: str, planner: str) -> Plan:
+    """A generated runbook text as a Plan (runbook None and the parse error when it does not
+    parse)."""
+    try:
+        return Plan(Runbook.parse(text), text, None, planner)
+    except RunbookError as e:
+        return Plan(None, text, str(e), planner)
+
+
 class DigestPlanner:
     name = "digest"
 
@@ -85,14 +98,24 @@ class PolicyPlanner:
         prompt = [int(i) for i in tokenizer.render(msgs, add_generation_prompt=True)]
         reqs = [GenerationRequest(list(prompt), self.max_tokens, self.sampling, task, 0,
                                   "plan") for _ in range(self.k)]
-        out = []
-        for o in self.policy.generate(reqs):
-            text = safe_decode(tokenizer, o.token_ids)
-            try:
-                out.append(Plan(Runbook.parse(text), text, None, self.name))
-            except RunbookError as e:
-                out.append(Plan(None, text, str(e), self.name))
-        return out
+        return [parse_plan(safe_decode(tokenizer, o.token_ids), self.name)
+                for o in self.policy.generate(reqs)]
+
+
+def plan_successes(planner, successes, tokenizer) -> list[list[Plan]]:
+    """`planner`'s plans of each success (objects with `.task` and `.trajectory`), in order.
+    With several processes (every one must call this together) a sampling planner is split:
+    each process generates the plans of its share of the successes
+    (`multihost.process_share`) and the texts are gathered, so every process reviews,
+    executes and trains on the same runbooks. The digest planner is deterministic and cheap;
+    every process runs it whole."""
+    if planner.name == DigestPlanner.name or not multihost.is_multiprocess():
+        return [planner.plan(s.task, s.trajectory, tokenizer) for s in successes]
+    start, stop = multihost.process_share(len(successes))
+    mine = [[p.text for p in planner.plan(s.task, s.trajectory, tokenizer)]
+            for s in successes[start:stop]]
+    return [[parse_plan(text, planner.name) for text in texts]
+            for texts in multihost.gather(mine)]
 
 
 def make_planner(kind: str, *, policy: Any = None, k: int = 4, max_tokens: int = 512,

@@ -77,7 +77,7 @@ from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.config import RSRConfig
 from terminal_rsi.rsr.discovery import DiscoveryVariant, discover
 from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION, execution_harness, public_view
-from terminal_rsi.rsr.planner import make_planner
+from terminal_rsi.rsr.planner import make_planner, plan_successes
 from terminal_rsi.rsr.reviewer import Reviewer, leak_screen, privileged_strings
 from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
 from terminal_rsi.sampling import Buckets
@@ -283,10 +283,10 @@ class StageSetup:
     def concurrency(self) -> int:
         return self.config.rollout.concurrency
 
-    def policy(self, actor: TrainState, seed: int, *, per_process: bool = True):
+    def policy(self, actor: TrainState, seed: int):
         """A sampler policy of `actor` (`common.make_sampler_policy`)."""
         return cm.make_sampler_policy(actor, self.mcfg, self.tokenizer, self.config, seed,
-                                      self.cache, per_process=per_process)
+                                      self.cache)
 
     def write(self, name: str, trajectories: list) -> None:
         """`trajectories/<name>.jsonl` (process 0 writes; every process holds them all)."""
@@ -382,17 +382,17 @@ def discover_successes(st: StageSetup, actor_pol) -> Discovered:
 
 
 def plan_and_review(st: StageSetup, kept: list, actor_pol) -> Reviewed:
-    """Steps 2-3: runbooks planned from each kept success, then the reviewer's gate. Every
-    process plans every runbook (`actor_pol` samples the same stream on each), so all of
-    them execute and train on the same ones."""
+    """Steps 2-3: runbooks planned from each kept success (`plan_successes`: split over the
+    processes and gathered, so all of them execute and train on the same ones), then the
+    reviewer's gate."""
     p = st.config.planner
     planner = make_planner(p.kind, policy=actor_pol, k=p.k, max_tokens=p.max_tokens,
                            temperature=p.temperature)
     reviewer = Reviewer(st.h0)
     out = Reviewed([], 0, {r: 0 for r in ("schema", "artifact", "compatibility", "model")}, [])
-    for f in kept:
+    for f, plans in zip(kept, plan_successes(planner, kept, st.tokenizer), strict=True):
         priv = privileged_strings(f.task, f.trajectory.report)
-        for plan in planner.plan(f.task, f.trajectory, st.tokenizer):
+        for plan in plans:
             out.n_plans += 1
             if plan.runbook is None:
                 out.rejected["schema"] += 1
@@ -562,7 +562,7 @@ def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
     st, actor = setup_stage(config, workdir)
     actor_pol = st.policy(actor, config.seed)
     disc = discover_successes(st, actor_pol)
-    rev = plan_and_review(st, disc.kept, st.policy(actor, config.seed, per_process=False))
+    rev = plan_and_review(st, disc.kept, st.policy(actor, config.seed))
     fresh, q_clean = execute_runbooks(st, actor_pol, rev.to_run)
     rehearsal = rehearse(st, actor_pol)
     # the rewritten tasks (those with a clean sample): success under H0 before and after

@@ -199,7 +199,7 @@ def test_rsr_stage_on_a_gguf_model(tmp_path, tiny_gguf, monkeypatch):
 
     tokenizers = []
 
-    def follower(actor, mcfg, tokenizer, config, seed, cache, *, per_process=True):
+    def follower(actor, mcfg, tokenizer, config, seed, cache):
         tokenizers.append(tokenizer)
         return follower_policy(tokenizer)
 
