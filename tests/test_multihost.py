@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from configs.rpr2_spr import get_config
-from launch import slurm
+from launch import slurm, tpu_pod
 from terminal_rsi import multihost
 from terminal_rsi.agent.trajectory import read_shard
 from terminal_rsi.configuration import build
@@ -40,20 +40,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two(args: list[str], tmp_path, timeout: int = 420, returncode: int = 0) -> list[str]:
-    """Start `python args...` as processes 0 and 1 of one distributed job; their outputs
-    (each must exit with `returncode`)."""
-    port = _free_port()
+def _start_two(argv: list[str], env_for, tmp_path, timeout: int, returncode: int,
+               cwd: str = ROOT) -> list[str]:
+    """Run `argv` as processes 0 and 1 of one distributed job, process i with the environment
+    `env_for(i)`; their outputs (each must exit with `returncode`)."""
     procs = []
     for i in range(2):
-        env = {**os.environ, "TERMINAL_RSI_DISTRIBUTED": "1",
-               "TERMINAL_RSI_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-               "TERMINAL_RSI_NUM_PROCESSES": "2", "TERMINAL_RSI_PROCESS_ID": str(i),
-               "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
-               "PYTHONPATH": ROOT}
         log = open(tmp_path / f"process_{i}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env,
-                                       stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append((subprocess.Popen(argv, cwd=cwd, env=env_for(i), stdout=log,
+                                       stderr=subprocess.STDOUT), log))
     outs = []
     try:
         for p, log in procs:
@@ -68,6 +63,46 @@ def _run_two(args: list[str], tmp_path, timeout: int = 420, returncode: int = 0)
         assert p.returncode == returncode, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
         outs.append(out)
     return outs
+
+
+def _coordinates(port: int, i: int) -> dict[str, str]:
+    """Process i of two, coordinated on 127.0.0.1:port (what TPU pods and SLURM detect)."""
+    return {"TERMINAL_RSI_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            "TERMINAL_RSI_NUM_PROCESSES": "2", "TERMINAL_RSI_PROCESS_ID": str(i)}
+
+
+def _run_two(args: list[str], tmp_path, timeout: int = 420, returncode: int = 0) -> list[str]:
+    """Start `python args...` as processes 0 and 1 of one distributed job (2 CPU devices
+    each); their outputs (each must exit with `returncode`)."""
+    port = _free_port()
+    return _start_two([sys.executable, *args], lambda i: {
+        **os.environ, **_coordinates(port, i), "TERMINAL_RSI_DISTRIBUTED": "1",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": ROOT}, tmp_path, timeout, returncode)
+
+
+def _run_tpu_worker_command(run_args: list[str], tmp_path, timeout: int = 420) -> list[str]:
+    """The command `launch/tpu_pod.py` has every worker of a 2-host slice (v4-16) run (its
+    --dry-run's last line), run by bash as two processes on this machine: from a home
+    directory holding the project as `terminal_rsi`, `python3` this interpreter, and the
+    coordinator, process count and id that JAX would detect on the pod given as
+    TERMINAL_RSI_* variables (no TPU metadata here). Everything else comes from the command."""
+    _, steps = tpu_pod.plan([
+        "--name=trsi-test", "--zone=us-central2-b", "--accelerator-type=v4-16",
+        "--install=none", "--create=never", "--env=JAX_PLATFORMS=cpu",
+        "--env=XLA_FLAGS=--xla_force_host_platform_device_count=2", *run_args])
+    assert "--worker=all" in steps[-1].argv
+    command = steps[-1].argv[-1].removeprefix("--command=")
+    home, bin_dir = tmp_path / "worker_home", tmp_path / "worker_bin"
+    home.mkdir(exist_ok=True)
+    bin_dir.mkdir(exist_ok=True)
+    (home / tpu_pod.REMOTE_DIR).symlink_to(ROOT)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERMINAL_RSI_")}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=ROOT)
+    port = _free_port()
+    return _start_two(["bash", "-c", command], lambda i: {**env, **_coordinates(port, i)},
+                      tmp_path, timeout, 0, cwd=str(home))
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4])
@@ -139,16 +174,17 @@ def test_collectives_in_two_processes(tmp_path):
 
 
 def test_rpr_phase_in_two_processes(tmp_path):
-    """configs/rpr_phase.py in two processes, one batch ahead, evaluation and checkpoints:
+    """configs/rpr_phase.py in two processes, started by the command the TPU pod launcher
+    gives every worker, one batch ahead, with evaluation and checkpoints:
     both finish; process 0 alone writes the metrics, every step trains on the whole batch and
     every evaluation covers every held-out task (each process's share, gathered), and each
     process keeps its share of the batch in flight beside the checkpoint."""
     work = tmp_path / "run"
-    outs = _run_two(["experiments/run.py", "--config=configs/rpr_phase.py",
-                     f"--workdir={work}", "--config.num_steps=4", "--config.eval.every=2",
-                     "--config.checkpoint.every=2", "--config.ppo.critic_warmup_steps=1",
-                     "--config.rollout.policy_lag=1", "--config.rollout.batch_size=4"],
-                    tmp_path)
+    outs = _run_tpu_worker_command(
+        ["--config=configs/rpr_phase.py", f"--workdir={work}", "--config.num_steps=4",
+         "--config.eval.every=2", "--config.checkpoint.every=2",
+         "--config.ppo.critic_warmup_steps=1", "--config.rollout.policy_lag=1",
+         "--config.rollout.batch_size=4"], tmp_path)
     for out in outs:
         assert "[rpr] done at step 4" in out
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
