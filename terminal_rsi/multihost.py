@@ -15,6 +15,10 @@ match expected size"). Instead, at one fixed point of the step every process cal
   order on every process (two all-gathers: the lengths, then the padded bytes), so all of
   them pack the same update batch.
 
+A process whose share raises would leave the others waiting at the next collective, so each
+share runs inside `run_share(fn)`: after it, every process learns whether any failed, and all
+of them raise `ShareFailed` together (the failing one from its own exception).
+
 On one process each is the identity (no collective, no copy), so single-host code paths are
 unchanged. `is_writer()` is true on the process that writes shared files (process 0);
 `barrier(name)` holds every process until all reach it (orbax's own saves already do).
@@ -23,11 +27,18 @@ unchanged. `is_writer()` is true on the process that writes shared files (proces
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+T = TypeVar("T")
+
+
+class ShareFailed(RuntimeError):
+    """A process's share of the work raised; raised on every process (`run_share`)."""
 
 
 def is_multiprocess() -> bool:
@@ -114,4 +125,27 @@ def gather(objects: list) -> list:
     out: list = []
     for row, size in zip(rows.reshape(len(sizes), -1), sizes.reshape(-1), strict=True):
         out.extend(json.loads(row[:int(size)].tobytes().decode()))
+    return out
+
+
+def run_share(fn: Callable[[], T]) -> T:
+    """`fn()`, this process's share of some work that every process does together. With
+    several processes (every one must call this at the same point) they then exchange whether
+    it raised: if it did on any of them, every process raises `ShareFailed` naming the
+    process(es) and the error, instead of the others waiting forever at the next collective.
+    On one process `fn()` as is (its exception unchanged)."""
+    if not is_multiprocess():
+        return fn()
+    out: Any = None
+    error: BaseException | None = None
+    try:
+        out = fn()
+    except Exception as e:  # reported to every process below
+        error = e
+    failed = [(i, msg) for i, msg in enumerate(
+        gather([None if error is None else f"{type(error).__name__}: {error}"])) if msg]
+    if failed:
+        who = "; ".join(f"process {i}: {msg}" for i, msg in failed)
+        raise ShareFailed(f"{len(failed)} of {jax.process_count()} processes failed in their "
+                          f"share ({who}); every process stops here") from error
     return out

@@ -125,6 +125,9 @@ def test_one_process_is_the_identity():
     assert multihost.gather([{"a": 1}]) == [{"a": 1}]
     assert multihost.is_writer() and not multihost.is_multiprocess()
     multihost.barrier("nothing")  # no-op
+    assert multihost.run_share(lambda: 3) == 3
+    with pytest.raises(ZeroDivisionError):  # one process: the exception itself
+        multihost.run_share(lambda: 1 // 0)
 
 
 PROBE = textwrap.dedent("""
@@ -145,8 +148,14 @@ PROBE = textwrap.dedent("""
     rep = multihost.local_replica({"s": sharded, "r": replicated, "host": np.full(2, pid)})
     got = multihost.gather([{"pid": pid, "k": k} for k in range(pid + 1)])
     trajs = gather_trajectories([Trajectory(f"t{pid}", "f", "h", policy_version=pid)])
+    try:  # process 1's share raises: both processes learn it instead of process 0 waiting
+        multihost.run_share(lambda: 1 // (pid - 1))
+        failed = None
+    except multihost.ShareFailed as e:
+        failed = [str(e), type(e.__cause__).__name__]
+    after = multihost.run_share(lambda: pid)  # and both go on together
     multihost.barrier("probe")
-    out = dict(sharded_ok=bool(np.array_equal(rep["s"], full)),
+    out = dict(failed=failed, after=after, sharded_ok=bool(np.array_equal(rep["s"], full)),
                replicated_ok=bool(np.array_equal(rep["r"], np.ones(3))),
                host=rep["host"].tolist(), gathered=got, share=multihost.process_share(5),
                writer=multihost.is_writer(), addressable=sharded.is_fully_addressable,
@@ -171,6 +180,13 @@ def test_collectives_in_two_processes(tmp_path):
     assert [r["share"] for r in recs] == [[0, 3], [3, 5]]
     assert [r["trajs"] for r in recs] == [["t0", "t1"]] * 2  # trajectories round-trip
     assert recs[0]["seeds"] == 5 and recs[1]["seeds"] != 5  # process 1 draws its own stream
+    for i, rec in enumerate(recs):
+        message, cause = rec["failed"]
+        assert message == ("1 of 2 processes failed in their share (process 1: "
+                           "ZeroDivisionError: integer division or modulo by zero); every "
+                           "process stops here")
+        assert cause == ("ZeroDivisionError" if i == 1 else "NoneType")
+        assert rec["after"] == i
 
 
 def test_rpr_phase_in_two_processes(tmp_path):

@@ -185,11 +185,14 @@ def collect_share(sched: RolloutScheduler, launch: list, desc: str) -> tuple[lis
     runs its share (`multihost.process_share`, launch indices and random streams as in one
     run) and the results are gathered in launch order on every process."""
     lo, hi = multihost.process_share(len(launch))
-    if hi > lo:
+
+    def share():
+        if hi == lo:  # more processes than episodes
+            return [], [], []
         res = sched.collect(launch[lo:hi], hi - lo, desc=desc, first_index=lo)
-        mine, dropped, errors = res.trajectories + res.stragglers, res.dropped, res.errors
-    else:  # more processes than episodes
-        mine, dropped, errors = [], [], []
+        return res.trajectories + res.stragglers, res.dropped, res.errors
+
+    mine, dropped, errors = multihost.run_share(share)
     if not multihost.is_multiprocess():
         return mine, dropped, errors
     return (gather_trajectories(mine), gather_trajectories(dropped),

@@ -249,12 +249,12 @@ def collect(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
     sampled by a copy of the actor before this step's update."""
     if phase.ahead is not None:
         t0 = time.monotonic()
-        res = phase.ahead.result()
+        res = multihost.run_share(phase.ahead.result)
         res.stats["rollout_wait_s"] = time.monotonic() - t0
         phase.ahead = None
     else:
         run, state = _launch(phase, state, key, rng)
-        res = run()
+        res = multihost.run_share(run)
         res.stats["rollout_wait_s"] = res.stats["elapsed_s"]
     res = gather_result(res)
     if not res.trajectories:
@@ -432,8 +432,9 @@ def evaluate(phase: Phase, state: PhaseState, key: jax.Array) -> dict:
     # several processes: each evaluates its share of the tasks, the episodes are gathered
     lo, hi = multihost.process_share(len(tasks))
     sched = scheduler(phase, state, _seed(key), 0.0)  # every process: its actor replica
-    mine = sched.collect(tasks[lo:hi], hi - lo, policy_version=state.version,
-                         desc="eval").trajectories if hi > lo else []
+    mine = multihost.run_share(lambda: sched.collect(
+        tasks[lo:hi], hi - lo, policy_version=state.version, desc="eval").trajectories
+        if hi > lo else [])
     episodes = gather_trajectories(mine)
     for t in episodes:
         t.meta.update(rpr_step=state.step, rpr_eval=True)

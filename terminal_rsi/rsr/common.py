@@ -88,11 +88,15 @@ def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) ->
     input order (the scheduler keeps only the first trainable ones to finish), each scored
     by `RSR_SCORER`. `harness`: one HarnessConfig, or a list with one per task. With several
     processes each runs its share of the tasks (`multihost.process_share`; every process
-    must call this together) and every process gets all the episodes, in input order."""
+    must call this together) and every process gets all the episodes, in input order (or
+    `multihost.ShareFailed` on all of them when any share raised)."""
     lo, hi = multihost.process_share(len(tasks))
-    mine = tasks[lo:hi]
-    out: list[Any] = [None] * len(mine)
-    if mine:
+
+    def share() -> list:
+        mine = tasks[lo:hi]
+        out: list[Any] = [None] * len(mine)
+        if not mine:
+            return out
         batcher = BatchingPolicy(policy)
 
         def work(i, task):
@@ -110,7 +114,9 @@ def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) ->
                     f.result()
         finally:
             batcher.close()
-    return gather_trajectories(out)
+        return out
+
+    return gather_trajectories(multihost.run_share(share))
 
 
 def optimizer_config(opt_section, total_steps: int = 0):

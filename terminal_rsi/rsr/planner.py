@@ -112,8 +112,9 @@ def plan_successes(planner, successes, tokenizer) -> list[list[Plan]]:
     if planner.name == DigestPlanner.name or not multihost.is_multiprocess():
         return [planner.plan(s.task, s.trajectory, tokenizer) for s in successes]
     start, stop = multihost.process_share(len(successes))
-    mine = [[p.text for p in planner.plan(s.task, s.trajectory, tokenizer)]
-            for s in successes[start:stop]]
+    mine = multihost.run_share(lambda: [
+        [p.text for p in planner.plan(s.task, s.trajectory, tokenizer)]
+        for s in successes[start:stop]])
     return [[parse_plan(text, planner.name) for text in texts]
             for texts in multihost.gather(mine)]
 
