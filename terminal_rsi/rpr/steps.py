@@ -432,10 +432,14 @@ def evaluate(phase: Phase, state: PhaseState, key: jax.Array) -> dict:
     # several processes: each evaluates its share of the tasks, the episodes are gathered
     lo, hi = multihost.process_share(len(tasks))
     sched = scheduler(phase, state, _seed(key), 0.0)  # every process: its actor replica
-    mine = multihost.run_share(lambda: sched.collect(
-        tasks[lo:hi], hi - lo, policy_version=state.version, desc="eval").trajectories
-        if hi > lo else [])
-    episodes = gather_trajectories(mine)
+
+    def share() -> list:
+        if hi == lo:  # more processes than tasks
+            return []
+        return sched.collect(tasks[lo:hi], hi - lo, policy_version=state.version,
+                             desc="eval").trajectories
+
+    episodes = gather_trajectories(multihost.run_share(share))
     for t in episodes:
         t.meta.update(rpr_step=state.step, rpr_eval=True)
     if multihost.is_writer():
