@@ -218,6 +218,22 @@ def import_weights(directory: str | os.PathLike, role: str, target: Any) -> Any:
             raise CheckpointError(f"{role} weights at {path} do not fit the target: {e}") from e
 
 
+def read_weights(directory: str | os.PathLike, role: str) -> Any:
+    """`<directory>/<role>` as saved, with no target tree: structure, shapes and dtypes come
+    from the checkpoint's own metadata, every leaf whole on this process's first device
+    (`_abstract`), so it loads on any topology (an export of a multi-process run on one
+    machine, and the other way round)."""
+    import orbax.checkpoint as ocp  # heavy (~1 s, pulls in tensorstore): on first use
+
+    path = os.path.join(os.path.abspath(os.fspath(directory)), role)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"no {role} weights at {path}; export them with export_weights")
+    with ocp.StandardCheckpointer() as ckptr:
+        saved = ckptr.metadata(path).item_metadata.tree
+        shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)
+        return ckptr.restore(path, _abstract(shapes))
+
+
 # ---------------------------------------------------------------- candidates
 
 def candidate_steps(first: int, last: int, count: int) -> tuple[int, ...]:

@@ -4,7 +4,7 @@ phase run by `experiments/run.py` in both, one batch ahead, with evaluation and 
 
 import json
 import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,10 +22,12 @@ from terminal_rsi.configuration import build
 from terminal_rsi.evaluation.config import EvalConfig
 from terminal_rsi.evaluation.evaluate import evaluate
 from terminal_rsi.pipeline import validate_ledger
+from terminal_rsi.pipeline.handoff import restore_export
 from terminal_rsi.pipeline.resolve import set_path
 from terminal_rsi.pipeline.runner import Pipeline
 from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.stage import run_rsr
+from tests.rpr.helpers import trees_equal, untimed
 from tests.rsr.helpers import follower_policy, tiny_stage_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,10 +42,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_two(argv: list[str], env_for, tmp_path, timeout: int, returncode: int,
+def _start_two(argv: list[str], env_for, tmp_path, timeout: int,
                cwd: str = ROOT) -> list[str]:
     """Run `argv` as processes 0 and 1 of one distributed job, process i with the environment
-    `env_for(i)`; their outputs (each must exit with `returncode`)."""
+    `env_for(i)`; their outputs (each must exit with status 0)."""
     procs = []
     for i in range(2):
         log = open(tmp_path / f"process_{i}.log", "w")
@@ -60,7 +62,7 @@ def _start_two(argv: list[str], env_for, tmp_path, timeout: int, returncode: int
                 p.kill()
     for i, (p, _) in enumerate(procs):
         out = (tmp_path / f"process_{i}.log").read_text()
-        assert p.returncode == returncode, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
+        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
         outs.append(out)
     return outs
 
@@ -71,14 +73,14 @@ def _coordinates(port: int, i: int) -> dict[str, str]:
             "TERMINAL_RSI_NUM_PROCESSES": "2", "TERMINAL_RSI_PROCESS_ID": str(i)}
 
 
-def _run_two(args: list[str], tmp_path, timeout: int = 420, returncode: int = 0) -> list[str]:
+def _run_two(args: list[str], tmp_path, timeout: int = 420) -> list[str]:
     """Start `python args...` as processes 0 and 1 of one distributed job (2 CPU devices
-    each); their outputs (each must exit with `returncode`)."""
+    each); their outputs."""
     port = _free_port()
     return _start_two([sys.executable, *args], lambda i: {
         **os.environ, **_coordinates(port, i), "TERMINAL_RSI_DISTRIBUTED": "1",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
-        "PYTHONPATH": ROOT}, tmp_path, timeout, returncode)
+        "PYTHONPATH": ROOT}, tmp_path, timeout)
 
 
 def _run_tpu_worker_command(run_args: list[str], tmp_path, timeout: int = 420) -> list[str]:
@@ -94,15 +96,16 @@ def _run_tpu_worker_command(run_args: list[str], tmp_path, timeout: int = 420) -
     assert "--worker=all" in steps[-1].argv
     command = steps[-1].argv[-1].removeprefix("--command=")
     home, bin_dir = tmp_path / "worker_home", tmp_path / "worker_bin"
-    home.mkdir(exist_ok=True)
-    bin_dir.mkdir(exist_ok=True)
-    (home / tpu_pod.REMOTE_DIR).symlink_to(ROOT)
-    (bin_dir / "python3").symlink_to(sys.executable)
+    if not home.exists():
+        home.mkdir()
+        bin_dir.mkdir()
+        (home / tpu_pod.REMOTE_DIR).symlink_to(ROOT)
+        (bin_dir / "python3").symlink_to(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERMINAL_RSI_")}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=ROOT)
     port = _free_port()
     return _start_two(["bash", "-c", command], lambda i: {**env, **_coordinates(port, i)},
-                      tmp_path, timeout, 0, cwd=str(home))
+                      tmp_path, timeout, cwd=str(home))
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4])
@@ -191,17 +194,19 @@ def test_collectives_in_two_processes(tmp_path):
 
 def test_rpr_phase_in_two_processes(tmp_path):
     """configs/rpr_phase.py in two processes, started by the command the TPU pod launcher
-    gives every worker, one batch ahead, with evaluation and checkpoints:
+    gives every worker, one batch ahead (concurrency 1), with evaluation and checkpoints:
     both finish; process 0 alone writes the metrics, every step trains on the whole batch and
     every evaluation covers every held-out task (each process's share, gathered), and each
-    process keeps its share of the batch in flight beside the checkpoint."""
+    process keeps its share of the batch in flight beside the checkpoint. Then a crash after
+    step 3 (the checkpoint of step 4 gone, every other file as the run left it) and the same
+    command again: it resumes from step 2, trains step 3 on the two stored shares and ends
+    with the uninterrupted run's metrics and weights, bit for bit."""
     work = tmp_path / "run"
-    outs = _run_tpu_worker_command(
-        ["--config=configs/rpr_phase.py", f"--workdir={work}", "--config.num_steps=4",
-         "--config.eval.every=2", "--config.checkpoint.every=2",
-         "--config.ppo.critic_warmup_steps=1", "--config.rollout.policy_lag=1",
-         "--config.rollout.batch_size=4"], tmp_path)
-    for out in outs:
+    args = ["--config=configs/rpr_phase.py", f"--workdir={work}", "--config.num_steps=4",
+            "--config.eval.every=2", "--config.checkpoint.every=2",
+            "--config.ppo.critic_warmup_steps=1", "--config.rollout.policy_lag=1",
+            "--config.rollout.batch_size=4", "--config.rollout.concurrency=1"]
+    for out in _run_tpu_worker_command(args, tmp_path):
         assert "[rpr] done at step 4" in out
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -219,12 +224,25 @@ def test_rpr_phase_in_two_processes(tmp_path):
         trajs = read_shard(work / "trajectories" / f"step_{step:05d}.jsonl")
         assert len(trajs) == 4
     # the checkpoint of step 2 held step 3's batch: two shares of 2 episodes
-    for i in range(2):
-        share = read_shard(work / "ahead" / f"process_{i}" / "step_2.jsonl")
-        assert len(share) == 2
+    stored = [read_shard(work / "ahead" / f"process_{i}" / "step_2.jsonl") for i in range(2)]
+    assert [len(share) for share in stored] == [2, 2]
     assert sorted(os.listdir(work / "export")) == ["actor", "critic"]
     summary = json.loads((work / "summary.json").read_text())
     assert summary["completed"] and summary["step"] == 4
+    weights = {role: restore_export(str(work / "export"), role) for role in ("actor", "critic")}
+
+    # the crash: step 4's checkpoint never written; metrics, shards and export of steps 3-4
+    # stay behind as a killed run leaves them
+    shutil.rmtree(work / "checkpoints" / "4")
+    for out in _run_tpu_worker_command(args, tmp_path):
+        assert "resumed from step 2" in out and "[rpr] done at step 4" in out
+    again = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert untimed(again) == untimed(rows)
+    step3 = read_shard(work / "trajectories" / "step_00003.jsonl")
+    assert [(t.task_id, [x.sampled_ids for x in t.turns]) for t in step3] == \
+        [(t.task_id, [x.sampled_ids for x in t.turns]) for t in stored[0] + stored[1]]
+    for role, params in weights.items():
+        assert trees_equal(restore_export(str(work / "export"), role), params), role
 
 
 # Stand-ins for the SLURM commands the batch script calls (no SLURM on this machine): `srun`
@@ -317,7 +335,8 @@ RSR_PROBE = textwrap.dedent("""
     assert sharding.maybe_initialize_distributed({})
     from terminal_rsi.rsr import common as cm
     from terminal_rsi.rsr.stage import run_rsr
-    from tests.rsr.helpers import follower_policy, tiny_stage_config
+    from tests.rpr.helpers import trees_equal, untimed
+from tests.rsr.helpers import follower_policy, tiny_stage_config
     # the actor's sampler follows the runbooks perfectly, so Q_clean is not empty
     cm.make_sampler_policy = lambda actor, mcfg, tok, *a, **k: follower_policy(tok)
     res = run_rsr(tiny_stage_config(**json.loads(sys.argv[2])), sys.argv[1])
@@ -383,39 +402,3 @@ def test_rsr_stage_in_two_processes(tmp_path, monkeypatch):
                 assert goal is None and "no 'Runbook:' line" in error
             else:
                 assert error is None and goal == f"task {i} on process {int(i >= (n + 1) // 2)}"
-
-
-# The one-batch-ahead phase of tests/rpr/test_phase_ahead.py in two processes; with a step
-# number, each process kills itself with SIGKILL after that step.
-AHEAD_PROBE = textwrap.dedent("""
-    import os, signal, sys
-    from terminal_rsi import sharding
-    assert sharding.maybe_initialize_distributed({})
-    from terminal_rsi.rpr import run_phase
-    from tests.rpr.test_phase_ahead import ahead_config
-    def on_step(step, actor, critic, row):
-        if step == int(sys.argv[2]):
-            os.kill(os.getpid(), signal.SIGKILL)
-    run_phase(ahead_config(), sys.argv[1], on_step=on_step)
-    print("phase finished")
-""")
-
-
-def test_kill_9_and_resume_in_two_processes(tmp_path):
-    """Both processes killed after step 3 (the checkpoint of step 2 holds each process's
-    share of batch 3, batch 4 in flight): the resumed run trains step 3 on exactly the two
-    stored shares, in process order, and finishes the phase."""
-    probe = tmp_path / "ahead_probe.py"
-    probe.write_text(AHEAD_PROBE)
-    work = tmp_path / "run"
-    _run_two([str(probe), str(work), "3"], tmp_path, timeout=300, returncode=-signal.SIGKILL)
-    stored = [read_shard(work / "ahead" / f"process_{i}" / "step_2.jsonl") for i in range(2)]
-    assert [len(x) for x in stored] == [1, 1]  # the step's 2 episodes, one per process
-    for out in _run_two([str(probe), str(work), "0"], tmp_path, timeout=300):
-        assert "phase finished" in out
-    rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    step3 = read_shard(work / "trajectories" / "step_00003.jsonl")
-    assert [(t.task_id, [x.sampled_ids for x in t.turns]) for t in step3] == \
-        [(t.task_id, [x.sampled_ids for x in t.turns]) for t in stored[0] + stored[1]]
-    assert rows[2]["policy_lag_frac_1"] == 1.0  # sampled before step 2's update

@@ -15,10 +15,9 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from terminal_rsi import multihost
-from terminal_rsi.checkpoint import export_weights
+from terminal_rsi.checkpoint import export_weights, read_weights
 from terminal_rsi.models.transformer import critic_params_from_actor
 from terminal_rsi.pipeline.graph import StageSpec
 from terminal_rsi.pipeline.resolve import PipelineError
@@ -27,9 +26,8 @@ from terminal_rsi.pipeline.resolve import PipelineError
 def restore_export(export_dir: str, role: str):
     """The params of `<export_dir>/<role>` as saved (no target tree, no model config), as a
     host copy on every process (`multihost.host_copy`: with several processes every one
-    calls this together)."""
-    with ocp.StandardCheckpointer() as c:
-        return multihost.host_copy(c.restore(os.path.join(os.path.abspath(export_dir), role)))
+    calls this together). Loads on any topology (`checkpoint.read_weights`)."""
+    return multihost.host_copy(read_weights(export_dir, role))
 
 
 def same_params(a, b) -> bool:

@@ -108,3 +108,16 @@ def test_weights_only_roundtrip(tmp_path, trained):
         ck.import_weights(tmp_path / "nowhere", "critic", critic.params)
     with pytest.raises(ck.CheckpointError, match="role"):
         ck.export_weights(tmp_path, "reward_model", actor.params)
+    # no target at all: the tree as saved, from the checkpoint's metadata (tests/test_multihost
+    # reads a two-process export this way on one process)
+    def by_path(tree):  # orbax saves integer dict keys (layer indices) as strings
+        return {jax.tree_util.keystr(k).replace("'", ""): np.asarray(x)
+                for k, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    got, want = by_path(ck.read_weights(tmp_path, "actor")), by_path(actor.params)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype
+        np.testing.assert_array_equal(got[k], want[k])
+    with pytest.raises(ck.CheckpointError, match="no actor weights"):
+        ck.read_weights(tmp_path / "nowhere", "actor")
