@@ -335,8 +335,7 @@ RSR_PROBE = textwrap.dedent("""
     assert sharding.maybe_initialize_distributed({})
     from terminal_rsi.rsr import common as cm
     from terminal_rsi.rsr.stage import run_rsr
-    from tests.rpr.helpers import trees_equal, untimed
-from tests.rsr.helpers import follower_policy, tiny_stage_config
+    from tests.rsr.helpers import follower_policy, tiny_stage_config
     # the actor's sampler follows the runbooks perfectly, so Q_clean is not empty
     cm.make_sampler_policy = lambda actor, mcfg, tok, *a, **k: follower_policy(tok)
     res = run_rsr(tiny_stage_config(**json.loads(sys.argv[2])), sys.argv[1])
