@@ -409,13 +409,50 @@ def _render(tokenizer, messages) -> list[int]:
     return [int(i) for i in tokenizer.render(messages, add_generation_prompt=True)]
 
 
+# Conversations a continuation is cut from: a system message first (so the template adds no
+# default one, as SmolLM2's and Qwen's templates do before a conversation without one), then
+# an assistant reply ending at a stop token, as a sampled reply does.
+_SYSTEM_USER = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
+_WITH_REPLY = (*_SYSTEM_USER, {"role": "assistant", "content": "a"})
+
+
+def _suffix_after(tokenizer, anchor, message, cut) -> list[int] | None:
+    """The tokens the template adds for `message` after `anchor`, from position `cut(prefix)`
+    of the anchor's own rendering; None when the anchor does not render as a prefix there."""
+    prefix = [int(i) for i in tokenizer.render(list(anchor), add_generation_prompt=False)]
+    full = _render(tokenizer, [*anchor, message])
+    at = cut(prefix)
+    if at is None or full[:at] != prefix[:at]:
+        return None
+    return full[at:]
+
+
 def continuation_ids(tokenizer, role: str, text: str, last_sampled: Sequence[int]) -> list[int]:
     """Tokens appended after the sampled ids: (the end-of-message token if the reply was cut
-    by length) + the rendered message + the next generation prompt (no BOS)."""
-    ids = _render(tokenizer, [{"role": role, "content": text}])
-    if ids and tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id:
-        ids = ids[1:]
-    if not last_sampled or int(last_sampled[-1]) not in tokenizer.stop_ids:
+    by length) + what the chat template writes between a reply's stop token and the next
+    message (ChatML's newline) + the rendered message + the next generation prompt.
+
+    Cut from the template's rendering of a whole conversation, so it holds exactly what the
+    template adds for one more message. Rendering the message alone lets a template open a
+    new conversation there: SmolLM2's put its default system prompt ("You are a helpful AI
+    assistant named SmolLM") before every observation. Templates that render a final
+    assistant message differently from an earlier one (Qwen3's thinking block) are cut after
+    the user message instead, without the separator."""
+    message = {"role": role, "content": text}
+    stops = set(int(i) for i in tokenizer.stop_ids)
+
+    def after_last_stop(prefix):
+        at = [i for i, t in enumerate(prefix) if t in stops]
+        return at[-1] + 1 if at else None
+
+    ids = _suffix_after(tokenizer, _WITH_REPLY, message, after_last_stop)
+    if ids is None:
+        ids = _suffix_after(tokenizer, _SYSTEM_USER, message, len)
+    if ids is None:
+        raise ValueError("the chat template does not render a conversation as a prefix of the "
+                         "same conversation with one more message; a multi-turn episode "
+                         "needs that to append an observation")
+    if not last_sampled or int(last_sampled[-1]) not in stops:
         ids = [int(tokenizer.stop_ids[0])] + ids
     return ids
 
