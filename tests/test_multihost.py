@@ -1,6 +1,8 @@
 """Multi-process runs on one machine: `terminal_rsi.multihost` in two real JAX processes
-(gloo CPU collectives, 2 virtual devices each, wired as the launchers wire them), and an RPR
-phase run by `experiments/run.py` in both, one batch ahead, with evaluation and checkpoints."""
+(gloo CPU collectives, 2 virtual devices each, wired as the launchers wire them); an RPR
+phase started by the TPU pod launcher's worker command, one batch ahead, with evaluation,
+checkpoints and a resume; an RSR stage with a non-empty Q_clean; and the main job started by
+the SLURM launcher's batch script."""
 
 import json
 import os
