@@ -138,6 +138,10 @@ def test_shell_exit_close_and_reopen(make_sandbox):
     with pytest.raises(SandboxError):
         term.send("echo hi\n")
     term.close()
+    # killed processes may take a moment to vanish (a container's, on a loaded machine)
+    deadline = time.monotonic() + BOUND_S
+    while pids_with_cmdline(secs.encode()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not pids_with_cmdline(secs.encode())
     # the sandbox goes on; a new session starts in a fresh shell
     term2 = sb.open_session()
