@@ -203,14 +203,20 @@ def export_weights(directory: str | os.PathLike, role: str, params: Any, *,
     return path
 
 
+def _exported(directory: str | os.PathLike, role: str) -> str:
+    """The path of `<directory>/<role>` written by `export_weights` (CheckpointError if none)."""
+    path = os.path.join(os.path.abspath(os.fspath(directory)), role)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"no {role} weights at {path}; export them with export_weights")
+    return path
+
+
 def import_weights(directory: str | os.PathLike, role: str, target: Any) -> Any:
     """Read `<directory>/<role>` into the structure, dtypes and shardings of `target`
     (params or abstract params, e.g. `state.params` of a freshly created TrainState)."""
     import orbax.checkpoint as ocp  # heavy (~1 s, pulls in tensorstore): on first use
 
-    path = os.path.join(os.path.abspath(os.fspath(directory)), role)
-    if not os.path.isdir(path):
-        raise CheckpointError(f"no {role} weights at {path}; export them with export_weights")
+    path = _exported(directory, role)
     with ocp.StandardCheckpointer() as ckptr:
         try:
             return ckptr.restore(path, _abstract(target))
@@ -225,9 +231,7 @@ def read_weights(directory: str | os.PathLike, role: str) -> Any:
     machine, and the other way round)."""
     import orbax.checkpoint as ocp  # heavy (~1 s, pulls in tensorstore): on first use
 
-    path = os.path.join(os.path.abspath(os.fspath(directory)), role)
-    if not os.path.isdir(path):
-        raise CheckpointError(f"no {role} weights at {path}; export them with export_weights")
+    path = _exported(directory, role)
     with ocp.StandardCheckpointer() as ckptr:
         saved = ckptr.metadata(path).item_metadata.tree
         shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)

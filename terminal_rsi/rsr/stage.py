@@ -562,6 +562,7 @@ def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
     st, actor = setup_stage(config, workdir)
     actor_pol = st.policy(actor, config.seed)
     disc = discover_successes(st, actor_pol)
+    # the planner samples from a fresh stream of the same seed (one process: as before the split)
     rev = plan_and_review(st, disc.kept, st.policy(actor, config.seed))
     fresh, q_clean = execute_runbooks(st, actor_pol, rev.to_run)
     rehearsal = rehearse(st, actor_pol)
