@@ -8,6 +8,7 @@ solution's later turns contain that value, and the instruction does not.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import random
@@ -436,8 +437,95 @@ def gen_log_pipeline(rng: random.Random) -> Instance:
     )
 
 
+# ----------------------------------------------------------------------------- 14 unpack
+
+
+def _tar_gz(members: dict[str, bytes]) -> bytes:
+    """A gzip tar of regular files only (no directory entries), byte-identical per input."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tf.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def gen_unpack(rng: random.Random) -> Instance:
+    members = {f"data/{w}.txt": f"{w} {rng.randint(0, 999)}\n".encode()
+               for w in pick(rng, WORDS, rng.randint(2, 5))}
+
+    def checks(s, run):
+        out = [check(f"{p} is extracted", s.files().get(p) == d) for p, d in members.items()]
+        out.append(check("count.txt is the number of files", text_eq(s, "count.txt",
+                                                                     str(len(members)))))
+        return out
+
+    return Instance(
+        instruction="Extract bundle.tar.gz into the current directory and write the number "
+                    "of files it holds to count.txt.",
+        files={"bundle.tar.gz": _tar_gz(members)},
+        solution=[["tar xzf bundle.tar.gz", "tar tzf bundle.tar.gz | wc -l > count.txt"]],
+        partial=["tar tzf bundle.tar.gz | wc -l > count.txt"],
+        checks=checks,
+        outputs=("count.txt", "data/"),
+    )
+
+
+# ----------------------------------------------------------------------------- 15 score_stats
+
+
+def gen_score_stats(rng: random.Random) -> Instance:
+    names = pick(rng, WORDS, rng.randint(4, 8))
+    scores = [rng.randint(1, 99) for _ in names]
+    return Instance(
+        instruction="Each line of scores.txt is: NAME SCORE. Write the total of the scores "
+                    "to total.txt and the highest score to max.txt.",
+        files={"scores.txt": join_lines(f"{n} {v}" for n, v in zip(names, scores,
+                                                                  strict=True))},
+        solution=[["awk '{s+=$2} END{print s}' scores.txt > total.txt",
+                   "awk '$2>m{m=$2} END{print m}' scores.txt > max.txt"]],
+        partial=["awk '$2>m{m=$2} END{print m}' scores.txt > max.txt"],
+        checks=lambda s, run: [
+            check("total.txt is the total score", text_eq(s, "total.txt", str(sum(scores)))),
+            check("max.txt is the highest score", text_eq(s, "max.txt", str(max(scores)))),
+        ],
+        outputs=("total.txt", "max.txt"),
+    )
+
+
+# ----------------------------------------------------------------------------- 16 grep_files
+
+
+def gen_grep_files(rng: random.Random) -> Instance:
+    dirs = ["notes"] + [f"notes/{w}" for w in pick(rng, WORDS, 2)]
+    files: dict[str, bytes] = {}
+    for w in pick(rng, WORDS, rng.randint(6, 9)):
+        files[f"{rng.choice(dirs)}/{w}.txt"] = f"{w} can wait\n".encode()
+    hits = sorted(rng.sample(sorted(files), rng.randint(2, 4)))
+    for p in hits:
+        files[p] = f"URGENT: call {rng.choice(WORDS)}\n".encode()
+
+    def checks(s, run):
+        got = lines(s, "urgent.txt") or []
+        out = [check(f"lists {p}", p in got) for p in hits]
+        out.append(check("lists only files that contain URGENT",
+                         got != [] and set(got) <= set(hits)))
+        return out
+
+    return Instance(
+        instruction="Write the paths of the files under notes/ that contain the word URGENT, "
+                    "sorted, one per line, to urgent.txt.",
+        files=files,
+        solution=[["grep -rl URGENT notes | sort > urgent.txt"]],
+        partial=["grep -rl URGENT notes | sort | head -1 > urgent.txt"],
+        checks=checks,
+        outputs=("urgent.txt",),
+    )
+
+
 # ----------------------------------------------------------------------------- multi-turn
-# 14 hint_lookup (2 turns): the file to use is named only inside the sandbox.
+# 17 hint_lookup (2 turns): the file to use is named only inside the sandbox.
 
 
 def gen_hint_lookup(rng: random.Random) -> Instance:
@@ -463,7 +551,7 @@ def gen_hint_lookup(rng: random.Random) -> Instance:
     )
 
 
-# 15 dir_hunt (2 turns): which file holds the marker is found by searching.
+# 18 dir_hunt (2 turns): which file holds the marker is found by searching.
 
 
 def gen_dir_hunt(rng: random.Random) -> Instance:
@@ -499,7 +587,7 @@ def gen_dir_hunt(rng: random.Random) -> Instance:
     )
 
 
-# 16 fix_script (2 turns): the failing function is named by check.sh's error message.
+# 19 fix_script (2 turns): the failing function is named by check.sh's error message.
 
 _OPS = {"add": ("+", "-"), "sub": ("-", "+"), "mul": ("*", "+"), "mod": ("%", "-")}
 # Each function has its own argument names, so a fix (sed on "return x OP y") is unique.
@@ -576,7 +664,7 @@ def gen_fix_script(rng: random.Random) -> Instance:
     )
 
 
-# 17 env_repair (3 turns): run.sh names one missing setting at a time.
+# 20 env_repair (3 turns): run.sh names one missing setting at a time.
 
 
 def gen_env_repair(rng: random.Random) -> Instance:
@@ -632,6 +720,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("archive", "archives (tar, gzip)", "medium", 1, (4, 7), gen_archive),
     Family("batch_rename", "file operations at scale", "medium", 1, (20, 26), gen_batch_rename),
     Family("log_pipeline", "multi-step pipeline", "hard", 1, (5, 8), gen_log_pipeline),
+    Family("unpack", "archives (tar)", "easy", 1, (3, 6), gen_unpack),
+    Family("score_stats", "arithmetic over files (awk)", "easy", 1, (2, 2), gen_score_stats),
+    Family("grep_files", "searching file contents (grep)", "easy", 1, (3, 5), gen_grep_files),
     Family("hint_lookup", "read then act", "easy", 2, (2, 2), gen_hint_lookup),
     Family("dir_hunt", "search then act", "medium", 2, (3, 3), gen_dir_hunt),
     Family("fix_script", "repair a broken script", "hard", 3, (4, 5), gen_fix_script),
