@@ -7,7 +7,6 @@ the SLURM launcher's batch script."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -31,17 +30,12 @@ from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.stage import run_rsr
 from tests.rpr.helpers import trees_equal, untimed
 from tests.rsr.helpers import follower_policy, tiny_stage_config
+from tests.slurm_standins import free_port, run_batch_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # each test starts two JAX processes: on one xdist worker, so they never run four at once
 pytestmark = pytest.mark.xdist_group("multihost")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_two(argv: list[str], env_for, tmp_path, timeout: int,
@@ -78,7 +72,7 @@ def _coordinates(port: int, i: int) -> dict[str, str]:
 def _run_two(args: list[str], tmp_path, timeout: int = 420) -> list[str]:
     """Start `python args...` as processes 0 and 1 of one distributed job (2 CPU devices
     each); their outputs."""
-    port = _free_port()
+    port = free_port()
     return _start_two([sys.executable, *args], lambda i: {
         **os.environ, **_coordinates(port, i), "TERMINAL_RSI_DISTRIBUTED": "1",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
@@ -105,7 +99,7 @@ def _run_tpu_worker_command(run_args: list[str], tmp_path, timeout: int = 420) -
         (bin_dir / "python3").symlink_to(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERMINAL_RSI_")}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=ROOT)
-    port = _free_port()
+    port = free_port()
     return _start_two(["bash", "-c", command], lambda i: {**env, **_coordinates(port, i)},
                       tmp_path, timeout, cwd=str(home))
 
@@ -247,44 +241,14 @@ def test_rpr_phase_in_two_processes(tmp_path):
         assert trees_equal(restore_export(str(work / "export"), role), params), role
 
 
-# Stand-ins for the SLURM commands the batch script calls (no SLURM on this machine): `srun`
-# starts its --nodes tasks here, each with SLURM_PROCID, and writes task i's output to
-# $SRUN_LOGS/task_<i>.log; `scontrol show hostnames` names this machine.
-SRUN = """#!/bin/bash
-n=1
-while [[ $1 == --* ]]; do case $1 in --nodes=*) n=${1#--nodes=};; esac; shift; done
-pids=()
-for ((i = 0; i < n; i++)); do
-  SLURM_PROCID=$i SLURM_NTASKS=$n "$@" > "$SRUN_LOGS/task_$i.log" 2>&1 & pids+=($!)
-done
-rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc
-"""
-
-
 def _run_slurm_script(run_args: list[str], tmp_path, timeout: int = 420) -> list[str]:
     """The batch script `launch/slurm.py --nodes=2` renders for `run_args` (what its
     --dry-run prints), run with bash on this machine: two processes, 2 CPU devices each."""
     text, _ = slurm.render([
-        "--nodes=2", "--gpus-per-node=0", f"--port={_free_port()}", f"--project-dir={ROOT}",
+        "--nodes=2", "--gpus-per-node=0", f"--port={free_port()}", f"--project-dir={ROOT}",
         f"--python={sys.executable}", "--env=XLA_FLAGS=--xla_force_host_platform_device_count=2",
         "--env=JAX_PLATFORMS=cpu", f"--env=PYTHONPATH={ROOT}", *run_args])
-    bin_dir, logs = tmp_path / "slurm_bin", tmp_path / "slurm_logs"
-    bin_dir.mkdir(exist_ok=True)
-    logs.mkdir(exist_ok=True)
-    (bin_dir / "srun").write_text(SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    (tmp_path / "job.sbatch").write_text(text)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NTASKS": "2",
-           "SLURM_JOB_NODELIST": "localhost", "SRUN_LOGS": str(logs)}
-    for k in ("TERMINAL_RSI_PROCESS_ID", "TERMINAL_RSI_NUM_PROCESSES"):
-        env.pop(k, None)  # the script's own wiring, not the caller's
-    done = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, timeout=timeout,
-                          capture_output=True, text=True)
-    outs = [(logs / f"task_{i}.log").read_text() for i in range(2)]
-    assert done.returncode == 0, f"{done.stderr[-2000:]}\n" + "\n".join(o[-3000:] for o in outs)
-    return outs
+    return run_batch_script(text, tmp_path, ("127.0.0.1", "127.0.0.1"), timeout)
 
 
 def test_main_job_in_two_processes(tmp_path):

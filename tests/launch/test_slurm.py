@@ -3,10 +3,8 @@ processes through jax.distributed on this machine, with stand-in scontrol/srun),
 
 from __future__ import annotations
 
-import os
+import json
 import shlex
-import socket
-import stat
 import subprocess
 import sys
 
@@ -14,6 +12,7 @@ import pytest
 
 from launch import slurm
 from launch.common import REPO, LaunchError
+from tests.slurm_standins import free_port, run_batch_script
 
 BASE = ["--nodes=2", "--gpus-per-node=4", "--partition=gpu", "--account=acct",
         "--time=1-02:00:00", "--config=configs/rpr_phase.py", "--workdir=/shared/runs/x"]
@@ -70,27 +69,10 @@ def test_missing_required_argument_exits_2():
     assert out.returncode == 2 and "--config" in out.stderr and "--workdir" in out.stderr
 
 
-def _exe(path, text):
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_script_runs_two_jax_processes_through_srun(tmp_path):
     """Execute the rendered script with stand-ins for scontrol (the node list) and srun
     (starts --nodes tasks here with SLURM_PROCID set). `--python` points at a probe that
     calls the project's distributed initialization and records what every process saw."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _exe(bin_dir / "scontrol", "#!/bin/bash\nprintf 'localhost\\nnode-b\\n'\n")
-    _exe(bin_dir / "srun", "#!/bin/bash\n"
-         'n=${1#--nodes=}; shift 3\n'
-         'for ((i=0; i<n; i++)); do SLURM_PROCID=$i "$@" & done\nwait\n')
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, os, sys\n"
@@ -103,22 +85,13 @@ def test_script_runs_two_jax_processes_through_srun(tmp_path):
         "open(os.path.join(os.environ['PROBE_OUT'], f'{jax.process_index()}.json'), 'w')"
         ".write(json.dumps(rec))\n"
         "jax.distributed.shutdown()\n")
-    _exe(tmp_path / "py", f"#!/bin/bash\nexec {shlex.quote(sys.executable)} {probe} \"$@\"\n")
-    port = _free_port()
-    text, _ = slurm.render([*BASE, f"--port={port}", f"--python={tmp_path / 'py'}",
-                            "--config.seed=7"])
-    script = tmp_path / "job.sbatch"
-    script.write_text(text)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PROBE_OUT": str(tmp_path),
-           "SLURM_JOB_NODELIST": "localhost,node-b", "SLURM_NTASKS": "2",
-           "JAX_PLATFORMS": "cpu"}
-    for k in ("TERMINAL_RSI_PROCESS_ID", "TERMINAL_RSI_NUM_PROCESSES"):
-        env.pop(k, None)
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    import json
-
+    py = tmp_path / "py"
+    py.write_text(f"#!/bin/bash\nexec {shlex.quote(sys.executable)} {probe} \"$@\"\n")
+    py.chmod(0o755)
+    port = free_port()
+    text, _ = slurm.render([*BASE, f"--port={port}", f"--python={py}", "--config.seed=7"])
+    run_batch_script(text, tmp_path, ("localhost", "node-b"), timeout=120,
+                     env={"PROBE_OUT": str(tmp_path), "JAX_PLATFORMS": "cpu"})
     recs = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
     for i, rec in enumerate(recs):
         assert rec["ran"] is True and rec["index"] == i and rec["count"] == 2
