@@ -28,9 +28,9 @@ from terminal_rsi.pipeline.resolve import set_path
 from terminal_rsi.pipeline.runner import Pipeline
 from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.stage import run_rsr
+from tests.launch_standins import free_port, run_batch_script
 from tests.rpr.helpers import trees_equal, untimed
 from tests.rsr.helpers import follower_policy, tiny_stage_config
-from tests.slurm_standins import free_port, run_batch_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

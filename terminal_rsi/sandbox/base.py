@@ -446,10 +446,12 @@ def check_tar(data: bytes, limits: TarLimits = TarLimits()) -> list[tarfile.TarI
     return out
 
 
-def files_to_tar(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
-    """Pack {relpath: bytes} into an uncompressed tar stream."""
+def files_to_tar(files: Mapping[str, bytes], mode: int = 0o644,
+                 mtime: float | None = None) -> bytes:
+    """Pack {relpath: bytes} into an uncompressed tar stream of regular files, stamped
+    `mtime` (None: now; a fixed value makes the stream byte-identical per input)."""
     buf = io.BytesIO()
-    now = time.time()
+    now = time.time() if mtime is None else mtime
     with tarfile.open(fileobj=buf, mode="w") as tf:
         for path, data in files.items():
             info = tarfile.TarInfo(safe_relpath(path))

@@ -5,7 +5,6 @@ check run for real on loopback, and a trainer reaching two sandbox hosts listed 
 from __future__ import annotations
 
 import shlex
-import socket
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 from launch import sandbox_hosts
 from launch.common import REPO, LaunchError
 from terminal_rsi.sandbox import BadRequest, SandboxSpec, host_pool, open_sandbox
+from tests.launch_standins import free_port
 from tests.sandbox.conftest import BridgeServer
 
 
@@ -78,16 +78,10 @@ def test_bad_arguments_are_clear(argv, match):
         sandbox_hosts.plan(argv)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unit_command_serves_and_health_check_passes(tmp_path):
     """Start the bridge exactly as the unit's ExecStart does (but on loopback, plain backend,
     here's python) and run the plan's health check against it; a wrong token fails it."""
-    port = _free_port()
+    port = free_port()
     token = tmp_path / "tokens"
     token.write_text("# comment\ntrainer:s3cret-0123456789abcdef\n")
     token.chmod(0o600)

@@ -12,7 +12,7 @@ import pytest
 
 from launch import slurm
 from launch.common import REPO, LaunchError
-from tests.slurm_standins import free_port, run_batch_script
+from tests.launch_standins import free_port, run_batch_script
 
 BASE = ["--nodes=2", "--gpus-per-node=4", "--partition=gpu", "--account=acct",
         "--time=1-02:00:00", "--config=configs/rpr_phase.py", "--workdir=/shared/runs/x"]

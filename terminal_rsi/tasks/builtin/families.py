@@ -14,6 +14,7 @@ import json
 import random
 import tarfile
 
+from terminal_rsi.sandbox.base import files_to_tar
 from terminal_rsi.tasks.builtin.core import (
     WORDS,
     Family,
@@ -442,13 +443,7 @@ def gen_log_pipeline(rng: random.Random) -> Instance:
 
 def _tar_gz(members: dict[str, bytes]) -> bytes:
     """A gzip tar of regular files only (no directory entries), byte-identical per input."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tf.addfile(info, io.BytesIO(data))
-    return gzip.compress(raw.getvalue(), mtime=0)
+    return gzip.compress(files_to_tar(members, mtime=0), mtime=0)
 
 
 def gen_unpack(rng: random.Random) -> Instance:

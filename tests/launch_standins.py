@@ -1,5 +1,6 @@
-"""Running a batch script of `launch/slurm.py` on this machine, where there is no SLURM:
-stand-ins for the two SLURM commands it calls, and a free port for its coordinator.
+"""Running what the launchers start on this machine: a free loopback port (for a JAX
+coordinator or the sandbox bridge), and a batch script of `launch/slurm.py` with stand-ins for
+the two SLURM commands it calls (there is no SLURM here).
 
 `srun` starts its --nodes tasks here, each with SLURM_PROCID and SLURM_NTASKS, and writes task
 i's output to $SRUN_LOGS/task_<i>.log; `scontrol show hostnames` prints the given host names
