@@ -5,8 +5,6 @@ hostile sessions are contained: after close nothing of the session survives."""
 from __future__ import annotations
 
 import dataclasses
-import random
-import secrets
 import shutil
 import threading
 import time
@@ -29,15 +27,17 @@ BOUND_S = 30.0  # "returns", not a speed claim
 FETCH = ("python3 -c \"import urllib.request,sys; "
          "print(urllib.request.urlopen('http://127.0.0.1:%d/hello.txt', timeout=5).read()"
          ".decode())\"")
+# a file server on a port the kernel picks (a random fixed port can be taken by another test
+# process on a backend that shares the host network); the port is published atomically
+SERVE = ("python3 -c \"import http.server as h, os; "
+         "s = h.ThreadingHTTPServer(('127.0.0.1', 0), h.SimpleHTTPRequestHandler); "
+         "open('.port.tmp', 'w').write(str(s.server_address[1])); "
+         "os.replace('.port.tmp', 'port'); s.serve_forever()\" >/dev/null 2>&1 &\n")
 
 
 @pytest.fixture(autouse=True)
 def _tmux():
     need(shutil.which("tmux") is not None, "tmux (apt-get install tmux)")
-
-
-def _port() -> int:
-    return random.Random(secrets.token_bytes(8)).randrange(20000, 60000)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -74,14 +74,14 @@ def test_state_persists_and_exec_sees_the_session(make_sandbox):
     assert term.run("(exit 3)\n", 10).exit_code == 3
     # a server the session leaves running is reachable by exec (same network), and exec
     # does not kill it
-    port = _port()
     sb.put_files({"sub/hello.txt": b"hi there"})
-    term.run(f"python3 -m http.server {port} >/dev/null 2>&1 &\n", 10)
-    for _ in range(100):
-        r = sb.exec(FETCH % port, timeout=10)
-        if r.exit_code == 0:
-            break
+    term.run(SERVE, 10)
+    deadline = time.monotonic() + BOUND_S
+    while not (r := sb.exec("cat sub/port", timeout=10)).stdout.strip():
+        assert time.monotonic() < deadline, "the file server never published its port"
         time.sleep(0.1)
+    port = int(r.stdout)
+    r = sb.exec(FETCH % port, timeout=10)
     assert r.stdout.strip() == "hi there", r.stderr[-500:]
     assert sb.exec(FETCH % port, timeout=10).stdout.strip() == "hi there"
     assert "Running" in term.run("jobs\n", 10).text
