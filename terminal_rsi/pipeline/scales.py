@@ -193,8 +193,8 @@ SCALES["smollm2"] = {
         # near-greedy (T 0.1). With T 0.3 and 2 epochs, seed 1's RSR-1 held csv_filter 3
         # times and edit_replace once, its 12 steps taught neither, and no stage of the
         # chain beat the base (+0.0); with T 0.1 and 4 epochs (24 steps, the cap) RSR-1
-        # learned edit_replace and RSR-2 permissions and csv_filter in part (+20.8;
-        # docs/pipeline.md)
+        # learned edit_replace and RSR-2 permissions and csv_filter in part (+20.8); at
+        # seed 0 RSR-1 learned edit_replace and permissions at once (+25.0; docs/pipeline.md)
         "rsr": {"tasks.n_per_family": 2, "discovery.hot_samples": 1, "execution.m": 2,
                 "execution.temperature": 0.1, "sft.steps": 24, "sft.epochs": 4.0,
                 "actor_opt.learning_rate": 2e-4, "sft.rehearsal_samples": 1,
