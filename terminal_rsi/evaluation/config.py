@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from terminal_rsi.sections import Harness, InitWeights, ModelSource, Sampler, Seeded, Tasks
-from terminal_rsi.settings import Section, setting
+from terminal_rsi.settings import Section, SettingError, setting
+from terminal_rsi.tasks import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +19,20 @@ class EvalTasks(Tasks):
                                       "suites to evaluate: heldout_instances, heldout_families, "
                                       "validation (built-in) or all (a task directory)")
     heldout_families: tuple[str, ...] = setting((), "held-out families (empty: all of them)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problem = registry.heldout_families_problem(self.suite, self.heldout_families,
+                                                    "EvalTasks.heldout_families")
+        if problem:
+            heldout = registry.heldout_families(self.suite)
+            trained = [n for n in self.heldout_families
+                       if n in registry.all_families(self.suite) and n not in heldout]
+            if trained:  # training families have held-out instances, not held-out families
+                problem += (f"; to evaluate {trained} on instances no stage trains on, use "
+                            f"tasks.suites=('heldout_instances',) with "
+                            f"tasks.families={tuple(trained)}")
+            raise SettingError(problem)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,6 +87,7 @@ from terminal_rsi.pipeline.validation import (
     validation_config,
 )
 from terminal_rsi.progress import echo
+from terminal_rsi.tasks.registry import heldout_families_problem
 
 
 class StageFailed(RuntimeError):
@@ -190,10 +191,16 @@ class Pipeline:
         return self.validating and self.graph[name].evaluate == "actor"
 
     def resolve_all(self) -> None:
-        """Resolve and validate every needed stage config before any work."""
+        """Resolve and validate every needed stage config, and the evaluation's held-out
+        families, before any work."""
         for n in self.order:
             self.stage_config(n)
             self.config_hash(n)
+        tasks = self.eval_base_config().tasks
+        problem = heldout_families_problem(tasks.suite, tasks.heldout_families,
+                                           "eval.heldout_families")
+        if problem:
+            raise PipelineError(problem)
 
     def frozen_divisors(self):
         """The run's frozen family divisors (`stage_eval.frozen_divisors`)."""

@@ -144,6 +144,16 @@ def test_bad_stage_override_is_named_before_work(tmp_path):
         c2 = get_config()
         c2.scale = "huge"
         validate_config(c2, SCHEMA)
+    # a training family asked for as a held-out family: named before any stage runs
+    c3 = get_config()
+    c3.scale = "test"
+    c3.eval.heldout_families = ("archive", "config_edit")
+    with pytest.raises(PipelineError, match=r"eval.heldout_families = \('archive', "
+                       r"'config_edit'\): \['config_edit'\] are not held-out families"):
+        Pipeline(resolved(c3), str(tmp_path)).resolve_all()
+    assert not os.path.exists(tmp_path / "base")
+    c3.eval.heldout_families = ("archive",)
+    Pipeline(resolved(c3), str(tmp_path)).resolve_all()
 
 
 def _ledger_dict(tmp_path):
