@@ -197,7 +197,7 @@ class Pipeline:
             self.stage_config(n)
             self.config_hash(n)
         tasks = self.eval_base_config().tasks
-        problem = heldout_families_problem(tasks.suite, tasks.heldout_families,
+        problem = heldout_families_problem(tasks.suite, tasks.heldout_families or (),
                                            "eval.heldout_families")
         if problem:
             raise PipelineError(problem)
