@@ -25,10 +25,10 @@ class EvalTasks(Tasks):
         problem = registry.heldout_families_problem(self.suite, self.heldout_families,
                                                     "EvalTasks.heldout_families")
         if problem:
-            heldout = registry.heldout_families(self.suite)
-            trained = [n for n in self.heldout_families
-                       if n in registry.all_families(self.suite) and n not in heldout]
-            if trained:  # training families have held-out instances, not held-out families
+            # training families have held-out instances (split `test`), not held-out families
+            test_families = registry.procedural_split(self.suite, "test")[0]
+            trained = [n for n in self.heldout_families if n in test_families]
+            if trained:
                 problem += (f"; to evaluate {trained} on instances no stage trains on, use "
                             f"tasks.suites=('heldout_instances',) with "
                             f"tasks.families={tuple(trained)}")

@@ -41,23 +41,13 @@ PROCEDURAL_SUITES = {
 }
 
 
-def all_families(suite: str) -> tuple[str, ...]:
-    """Every family of procedural `suite`, held-out ones included (empty for a directory)."""
-    return tuple(PROCEDURAL_SUITES[suite][0]) if suite in PROCEDURAL_SUITES else ()
-
-
-def heldout_families(suite: str) -> tuple[str, ...]:
-    """The held-out families of procedural `suite` (empty for a directory)."""
-    return tuple(PROCEDURAL_SUITES[suite][1]) if suite in PROCEDURAL_SUITES else ()
-
-
 def heldout_families_problem(suite: str, names: Sequence[str], where: str) -> str | None:
     """Why the setting `where` = `names` cannot select held-out families of `suite` (None: it
     can). A procedural suite's held-out families are fixed (`HELDOUT_FAMILIES`); a task
     directory has no such split, so any names pass here."""
     if suite not in PROCEDURAL_SUITES:
         return None
-    heldout = heldout_families(suite)
+    heldout = PROCEDURAL_SUITES[suite][1]
     other = [n for n in names if n not in heldout]
     if not other:
         return None
