@@ -16,9 +16,11 @@ Suites:
 
 For the procedural suites (`PROCEDURAL_SUITES`), `n_per_family=None` iterates forever (round-robin
 over families, increasing seeds); an int gives that many instances per family. The
-``validation`` split with an int takes each family's seeds round-robin over its variants
-(`Instance.variant`, e.g. find_tree's extension; `validation_seeds`), so model selection
-sees every form a family takes, not only the forms its first seeds happen to draw.
+``train`` and ``validation`` splits with an int take each family's seeds round-robin over its
+variants (`Instance.variant`, e.g. find_tree's extension; `variant_seeds`), so training and
+model selection see every form a family takes, not only the forms its first seeds happen to
+draw (find_tree's first 4 training seeds are .log, .csv, .log, .csv; the held-out split asks
+for .md). The ``test`` split keeps its first seeds: the held-out instances stay fixed.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from terminal_rsi.tasks.harbor import load_task_dirs
 from terminal_rsi.tasks.spec import Task
 
 SPLITS = ("train", "validation", "test", "heldout_families", "all")
-# `validation_seeds` looks for variants among this many validation seeds per instance asked for
+# the splits whose n-per-family instances are spread over each family's variants
+VARIANT_SPLITS = ("train", "validation")
+# `variant_seeds` looks for variants among this many seeds of the split per instance asked for
 VARIANT_SCAN = 8
 # the procedural suites: (every family, the families training never sees)
 PROCEDURAL_SUITES = {
@@ -83,8 +87,8 @@ def get_suite(name: str, split: str = "train", *, n_per_family: int | None = Non
                 raise ValueError(f"families {sorted(unknown)} are not in split {split!r}: "
                                  f"{list(fams)}")
             fams = tuple(f for f in fams if f in families)
-        if split == "validation" and n_per_family is not None:
-            return _seeded_iter(fams, {f: validation_seeds(f, n_per_family, start_seed)
+        if split in VARIANT_SPLITS and n_per_family is not None:
+            return _seeded_iter(fams, {f: variant_seeds(f, n_per_family, keep, start_seed)
                                        for f in fams})
         return _builtin_iter(fams, keep, n_per_family, start_seed, b.make_task)
     if os.path.isdir(name):
@@ -106,15 +110,16 @@ def pool_tasks(pool, split: str, n_per_family: int | None,
     return tasks
 
 
-def validation_seeds(family: str, n: int, start_seed: int = 0) -> list[int]:
-    """`n` validation seeds of built-in `family`, taken round-robin over its variants in the
+def variant_seeds(family: str, n: int, keep, start_seed: int = 0) -> list[int]:
+    """`n` seeds of built-in `family` that `keep(family, seed)` admits (a split's seed
+    predicate, `procedural_split`), taken round-robin over the family's variants in the
     order they first appear (each variant's seeds in increasing order) among its first
-    `VARIANT_SCAN * n` validation seeds from `start_seed`. A family with one form gets its
-    first `n` validation seeds."""
+    `VARIANT_SCAN * n` admitted seeds from `start_seed`. A family with one form gets its
+    first `n` admitted seeds."""
     by_variant: dict[str, list[int]] = {}
     seed, seen = start_seed, 0
     while seen < VARIANT_SCAN * n:
-        if b.validation_seed(family, seed):
+        if keep(family, seed):
             by_variant.setdefault(b.instance(family, seed).variant, []).append(seed)
             seen += 1
         seed += 1

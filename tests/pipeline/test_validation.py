@@ -25,7 +25,7 @@ from terminal_rsi.pipeline.validation import (
 )
 from terminal_rsi.tasks import get_suite
 from terminal_rsi.tasks.builtin import heldout_seed, instance, validation_seed
-from terminal_rsi.tasks.registry import PROCEDURAL_SUITES, validation_seeds
+from terminal_rsi.tasks.registry import PROCEDURAL_SUITES, procedural_split, variant_seeds
 
 
 def _ids(tasks):
@@ -53,27 +53,39 @@ def test_validation_seeds_are_about_a_tenth_of_the_non_held_out_seeds():
                    if heldout_seed("sort_uniq", s))
 
 
-def test_validation_covers_every_variant_of_a_family():
-    # find_tree asks for one of three extensions; its first validation seeds draw .log twice
-    # and no .md, so the split takes its seeds round-robin over the variants
-    val = [t for t in get_suite("builtin", "validation", n_per_family=3)]
-    got = {f: [instance(f, t.seed).variant for t in val if t.family == f]
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_training_and_validation_cover_every_variant_of_a_family(split):
+    # find_tree asks for one of three extensions; the first seeds of either split draw .log
+    # twice and no .md, so both splits take their seeds round-robin over the variants
+    _, keep = procedural_split("builtin", split)
+    tasks = list(get_suite("builtin", split, n_per_family=3))
+    got = {f: [instance(f, t.seed).variant for t in tasks if t.family == f]
            for f in ("find_tree", "config_edit")}
     assert sorted(got["find_tree"]) == [".csv", ".log", ".md"]
     assert sorted(got["config_edit"]) == ["2 keys", "3 keys", "4 keys"]
-    first = [s for s in range(200) if validation_seed("find_tree", s)][:3]
+    assert all(keep(t.family, t.seed) for t in tasks)
+    first = [s for s in range(200) if keep("find_tree", s)][:3]
     assert sorted(instance("find_tree", s).variant for s in first) != [".csv", ".log", ".md"]
-    # a family with one form keeps its first validation seeds
-    assert validation_seeds("sort_uniq", 3) == [
-        s for s in range(200) if validation_seed("sort_uniq", s)][:3]
+    # a family with one form keeps its first seeds of the split
+    assert variant_seeds("sort_uniq", 3, keep) == [s for s in range(200)
+                                                   if keep("sort_uniq", s)][:3]
     # round-robin: each variant's seeds in order, the variants in order of first appearance
-    six = validation_seeds("find_tree", 6)
+    six = variant_seeds("find_tree", 6, keep)
     kinds = [instance("find_tree", s).variant for s in six]
     assert kinds[:3] == kinds[3:] and len(set(kinds[:3])) == 3
     for v in set(kinds):
         mine = [s for s, k in zip(six, kinds, strict=True) if k == v]
         assert mine == sorted(mine)
-    assert all(validation_seed("find_tree", s) for s in six)
+    assert all(keep("find_tree", s) for s in six)
+    assert len(set(six)) == 6
+
+
+def test_the_held_out_instances_stay_the_first_seeds_of_their_split():
+    # the test split is not spread over variants: the held-out instances every measured
+    # chain was scored on stay fixed
+    _, keep = procedural_split("builtin", "test")
+    got = [t.seed for t in get_suite("builtin", "test", n_per_family=2, families=("find_tree",))]
+    assert got == [s for s in range(200) if keep("find_tree", s)][:2]
 
 
 def test_only_procedural_suites_have_a_validation_split(tmp_path):

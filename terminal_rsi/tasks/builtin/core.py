@@ -39,8 +39,8 @@ class Instance:
     mutable: tuple[str, ...] = ()  # seeded paths the agent may change or remove
     hidden: tuple[str, ...] = ()  # values the agent must read in the sandbox (multi-turn)
     # the discrete form the family takes in this instance, when its forms ask for different
-    # commands (find_tree's extension); "" when it has one form. The validation split covers
-    # every variant (`tasks.registry`).
+    # commands (find_tree's extension); "" when it has one form. The train and validation
+    # splits cover every variant (`tasks.registry`).
     variant: str = ""
 
 
