@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from terminal_rsi.tasks import builtin as b
 from terminal_rsi.tasks.harbor import load_task_dirs
@@ -110,7 +110,8 @@ def pool_tasks(pool, split: str, n_per_family: int | None,
     return tasks
 
 
-def variant_seeds(family: str, n: int, keep, start_seed: int = 0) -> list[int]:
+def variant_seeds(family: str, n: int, keep: Callable[[str, int], bool],
+                  start_seed: int = 0) -> list[int]:
     """`n` seeds of built-in `family` that `keep(family, seed)` admits (a split's seed
     predicate, `procedural_split`), taken round-robin over the family's variants in the
     order they first appear (each variant's seeds in increasing order) among its first
