@@ -7,9 +7,11 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 DOCKER_DIR=${TRSI_DOCKER_DIR:-/tmp/trsi-docker}
 
-echo "== sandbox: Debian packages (bubblewrap debootstrap tmux)"
+echo "== sandbox: Debian packages (bubblewrap slirp4netns debootstrap tmux)"
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# user-mode networking for local-bwrap's network=True (never the host's network namespace)
+command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if ((${#need[@]})); then

@@ -174,10 +174,11 @@ class Harness(Section):
                             "command) or 'session' (typed into one persistent tmux terminal "
                             "per episode, Terminus semantics; docs/sandbox.md)",
                             choices=TERMINALS)
-    verify_mode: str | None = setting(None, "where the verifier runs: None (session: the "
-                                      "environment the agent left, with what it left "
-                                      "running; exec: the task's mode), 'shared' or "
-                                      "'separate' (the protected fresh sandbox)",
+    verify_mode: str | None = setting(None, "where the verifier runs: None (the task's own "
+                                      "mode; shared stops the agent's processes first "
+                                      "unless the task checks a live service), 'shared' "
+                                      "or 'separate' (the protected fresh sandbox; a "
+                                      "terminal task stays shared); docs/tasks.md",
                                       choices=VERIFY_MODES)
 
 

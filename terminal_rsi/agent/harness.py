@@ -54,7 +54,7 @@ from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, T
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
 from terminal_rsi.sandbox.terminal import SessionOutput, session_keystrokes
 from terminal_rsi.sections import ACTION_FORMATS, TERMINALS, VERIFY_MODES
-from terminal_rsi.tasks.spec import SESSION_SOLUTION_WAIT_S, EnvironmentUnavailable
+from terminal_rsi.tasks.spec import SESSION_SOLUTION_WAIT_S, TERMINAL_TAG, EnvironmentUnavailable
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
 from terminal_rsi.tasks.verify import verify as verify_task
 
@@ -108,10 +108,12 @@ class HarnessConfig:
     action_format: how a reply writes its action ("json", "xml" or "bash",
       `terminal_rsi.agent.formats`); the default system prompt follows it, and each
       trajectory records it (`meta["action_format"]`).
-    verify_mode: where the verifier runs. None (default): in session mode "shared", the
-      environment the agent left with whatever it left running (Terminal-Bench semantics);
-      in exec mode the task's own mode. "shared" or "separate" (the protected fresh sandbox,
-      `terminal_rsi.tasks.verify`) override both.
+    verify_mode: where the verifier runs (`terminal_rsi.tasks.verify`). None (default): the
+      task's own mode ("shared" for tasks that check the environment the agent left:
+      Terminal-Bench and Harbor tasks, the terminal families; there the agent's processes
+      are stopped first unless the task checks a live service). "shared" or "separate" (the
+      protected fresh sandbox) override it, except that a task tagged "terminal" is always
+      verified "shared": a fresh sandbox cannot see what its checks look at.
     private_guidance: text appended to the first prompt of every segment as a separate
       user message after the public task (RSR fresh execution, `terminal_rsi.rsr.guidance`);
       "" (default): none. With guidance, each trajectory also records the public prompt of
@@ -177,9 +179,9 @@ class HarnessConfig:
 
     def verifier_mode(self, task) -> str:
         """Where `task` is verified after an episode (see `verify_mode`)."""
-        if self.verify_mode is not None:
-            return self.verify_mode
-        return "shared" if self.terminal == "session" else task.verifier.mode
+        if self.verify_mode is None or TERMINAL_TAG in task.metadata.tags:
+            return task.verifier.mode
+        return self.verify_mode
 
     @classmethod
     def from_config(cls, section, **overrides) -> HarnessConfig:
@@ -741,6 +743,8 @@ def _verify(task, sb, harness, traj, timings) -> None:
         timings["verify_s"] = time.monotonic() - t0
     traj.report = res.report.to_dict()
     traj.S, traj.P, traj.N = int(res.S), int(res.P), int(res.N)
+    if res.failure:  # the verifier failed after its tests began: scored 0, kept for training
+        traj.meta["verifier_failure"] = {"kind": res.failure, "reason": res.report.reason}
     tests = ((res.ctrf or {}).get("results") or {}).get("tests")
     if isinstance(tests, list):  # per-check outcomes for viewers (terminal_rsi.report)
         hygiene = set(res.report.hygiene_excluded)

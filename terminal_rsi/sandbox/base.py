@@ -17,6 +17,8 @@ Every backend (local bubblewrap / plain, Docker, remote over HTTP) implements
   with :class:`BadRequest`; only a Docker sandbox of profile ``"image"`` (the task's own
   image, whose whole filesystem is the task's) also takes absolute paths.
 - ``close`` is idempotent and always cleans up (processes, containers, mounts).
+- ``processes`` lists what runs in the sandbox as seen from outside it (:class:`ProcessInfo`):
+  checks of "is it still running" use it, never files or tools inside the sandbox.
 """
 
 from __future__ import annotations
@@ -186,6 +188,67 @@ class ExecResult:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ExecResult:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+# Caps of one `Sandbox.processes` listing (a fork bomb must not make it slow or huge).
+MAX_PROCESSES = 256  # processes listed, lowest pids first; a full listing may be cut
+MAX_PROCESS_FILES = 32  # open files listed per process, lowest descriptors first
+MAX_ARGV_BYTES = 4096  # bytes of /proc/<pid>/cmdline read per process
+MAX_PROCESS_PATH = 512  # characters of exe and of each file; longer: cut in the middle
+PROCESS_SOURCES = ("proc", "top")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """One process running in a sandbox, read from outside it (`Sandbox.processes`): the
+    agent cannot forge these fields, except ``argv``, which a process may rewrite.
+
+    Attributes:
+      pid: its pid in the PID namespace of the host that read it (the bridge server's, or
+        the Docker engine's), not the pid the sandbox's own commands see.
+      ppid: its parent's pid, in the same namespace.
+      argv: its command line (``/proc/<pid>/cmdline``, at most ``MAX_ARGV_BYTES``); a
+        process can rewrite it (``exec -a``, or its own memory): ``exe`` and ``files``
+        cannot be.
+      exe: the executable's path (``readlink /proc/<pid>/exe``), ``""`` when unknown.
+      files: its open files (``readlink /proc/<pid>/fd/N``, lowest N first, at most
+        ``MAX_PROCESS_FILES``): paths as the sandbox's commands see them
+        (``/workspace/job.lock`` under bubblewrap and Docker; host paths in plain mode), an
+        unlinked file with the kernel's `` (deleted)`` after it, ``pipe:[N]``,
+        ``socket:[N]`` and the like for the rest.
+      partial: something was cut to a cap or could not be read (argv, exe, files, or
+        ``source`` "top"): treat what is missing as unknown, never as absent.
+      source: ``"proc"``, read from ``/proc`` on this host; ``"top"``, only what the Docker
+        engine's ``top`` tells (an engine on another host): ``argv`` is its command column
+        split on spaces, ``exe`` and ``files`` are unknown.
+    """
+
+    pid: int
+    ppid: int
+    argv: tuple[str, ...]
+    exe: str = ""
+    files: tuple[str, ...] = ()
+    partial: bool = False
+    source: str = "proc"
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["argv"], d["files"] = list(self.argv), list(self.files)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ProcessInfo:
+        """The record of `to_json`; TypeError or KeyError if ``d`` is not one."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"a process must be a JSON object, got {type(d).__name__}")
+        pid, ppid, argv, exe, files = (d[k] for k in ("pid", "ppid", "argv", "exe", "files"))
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (pid, ppid))
+        lists = all(isinstance(v, list) and all(isinstance(s, str) for s in v)
+                    for v in (argv, files))
+        if not (ints and lists and isinstance(exe, str) and isinstance(d["partial"], bool)
+                and d["source"] in PROCESS_SOURCES):
+            raise TypeError(f"not a ProcessInfo record: {str(d)[:200]}")
+        return cls(pid, ppid, tuple(argv), exe, tuple(files), d["partial"], d["source"])
 
 
 class OutputCap:
@@ -513,6 +576,28 @@ class Sandbox(abc.ABC):
         is reachable) and spares its processes. ``lifetime_s`` bounds each of its
         processes' CPU time."""
         raise BadRequest(f"the {type(self).__name__} backend has no terminal sessions")
+
+    def processes(self) -> tuple[ProcessInfo, ...]:
+        """The processes running in the sandbox now, its terminal session's included, read
+        from outside it (the host's ``/proc``, the Docker engine): what a liveness check
+        must trust ("no job.sh runs"), never a file the agent can delete or a ``ps`` it
+        can replace. Lowest pid first; zombies left out.
+
+        The sandbox's machinery is left out where it is told apart by what the agent
+        cannot change: bubblewrap's processes outside the sandbox's PID namespaces and
+        its pid 1 inside them, the local session's wrapper, Docker's pid 1 and what
+        started before the sandbox opened, and (profile "sandbox") each ``docker exec``'s
+        first process. The terminal session's tmux server (and, on local backends, its
+        tmux client) are listed: they are the session; so are a running exec's wrapper
+        in plain mode and the ``docker exec`` processes of profile "image", whose
+        binaries are the task's.
+
+        Caps: at most ``MAX_PROCESSES`` entries (a listing that long may be cut: treat
+        it as inconclusive), each with at most ``MAX_PROCESS_FILES`` files,
+        ``MAX_ARGV_BYTES`` of argv and ``MAX_PROCESS_PATH`` characters per path (a cut
+        entry has ``partial=True``). SandboxLost once the sandbox is closed or gone.
+        """
+        raise BadRequest(f"the {type(self).__name__} backend cannot list its processes")
 
     @property
     def session_live(self) -> bool:

@@ -103,6 +103,17 @@ Profile ``"image"`` (a Terminal-Bench / Harbor task image, run as its tools run 
     timeout and tar, which a root command can replace (the root is writable): the
     guarantees above hold against commands, not against an agent rewriting those binaries;
     the host stays out of reach either way.
+Processes (`DockerSandbox.processes`)
+    read from the host, never by a program in the container (its user may replace
+    ``ps``): the engine's ``top`` gives the container's pids; where this host runs the
+    engine (``/proc/<pid>/cgroup`` names the container) each is read from ``/proc``
+    (argv, executable and open files as the container sees them); elsewhere the listing
+    holds what ``top`` tells (``source="top"``: argv only, ``partial``). Left out: pid 1
+    (``State.Pid``), its ``sleep 86400`` (with ``/proc``: only while it holds no file
+    pid 1 does not hold) and, in profile ``"sandbox"``, each ``docker exec``'s first
+    process (its parent is outside the container: the exec and transfer wrappers, the
+    session's tmux client), whose binaries come from the read-only image; in profile
+    ``"image"`` those binaries are the task's, so they are listed.
 Cleanup
     ``close`` removes the container and unmounts its tmpfs. Containers carry owner
     labels (hostname, boot id, pid namespace, pid, process start time); the first
@@ -141,8 +152,11 @@ from terminal_rsi.sandbox import procs
 from terminal_rsi.sandbox.base import (
     DEFAULT_SESSION_LIFETIME_S,
     MARKER_ENV,
+    MAX_ARGV_BYTES,
+    MAX_PROCESSES,
     ExecResult,
     OutputCap,
+    ProcessInfo,
     Sandbox,
     SandboxSpec,
     TarLimits,
@@ -209,6 +223,7 @@ SESSION_SOCKET = "/tmp/.trsi-tmux"
 # pid 1 of every container: it reaps the orphans a command leaves (``sleep infinity`` would
 # keep their zombies, each holding one of spec.pids for good); ``kill -9 -1`` spares pid 1.
 INIT_ARGV = ["/bin/bash", "-c", "while :; do sleep 86400 & wait $!; done"]
+INIT_SLEEP = ("sleep", "86400")  # the argv of pid 1's child (`DockerSandbox.processes`)
 # What the machinery runs in a container besides bash (wrappers, tar scripts, sessions):
 # profile "image" checks a task image has them when the sandbox starts, as the image's
 # USER, and learns that user's HOME as `docker exec` sets it (the image's ENV HOME, else
@@ -1055,6 +1070,7 @@ class DockerSandbox(Sandbox):
         self._image_env: dict[str, str] | None = None
         self.session: StreamSession | None = None
         self._home = ""  # profile "image": HOME as docker exec gives the image's USER
+        self._init_pid = 0  # pid 1 as the engine's host numbers it (`processes`), once known
         try:
             if self.image_profile:
                 self._probe_image()
@@ -1192,6 +1208,94 @@ class DockerSandbox(Sandbox):
         """A transfer script, first killing the sandbox's processes unless a session lives."""
         return script if self.session_live else _STOP_ALL + script
 
+    # ---------------------------------------------------------------- processes
+    def processes(self) -> tuple[ProcessInfo, ...]:
+        """The container's processes (`Sandbox.processes`; the module doc, "Processes"):
+        pids are the engine host's. Nothing runs in the container for it, and the exec
+        lock is not taken: it answers while an exec or the session runs."""
+        self._check_open()
+        rows = self._top()
+        init = self._pid1()
+        pids = {r[0] for r in rows}
+        if any(self._in_container(pid) for pid in sorted(pids)):
+            return procs.list_processes(
+                pids, machinery=lambda pid, ppid: self._is_machinery(pid, ppid, pids, init),
+                belongs=self._in_container)
+        return self._from_top(rows, pids, init)
+
+    def _top(self) -> list[tuple[int, int, str]]:
+        """(pid, ppid, command line) of each process of the container, from the engine's
+        ``top`` (``ps`` on the engine's host)."""
+        try:
+            top = self.client.api.top(self.container_id, ps_args="-eo pid,ppid,args")
+        except Exception as e:  # noqa: BLE001
+            raise _map_error(e, "list processes") from e
+        titles = top.get("Titles") or []
+        try:
+            at = [titles.index(t) for t in ("PID", "PPID")]
+            return [(int(r[at[0]]), int(r[at[1]]), str(r[-1]))
+                    for r in top.get("Processes") or []]
+        except (ValueError, IndexError, TypeError) as e:
+            raise InfrastructureError(f"sandbox {self.id}: the engine's top answered "
+                                      f"{str(top)[:300]}: {e}") from e
+
+    def _pid1(self) -> int:
+        """The container's pid 1 as the engine's host numbers it (``State.Pid``; asked once:
+        it never changes while the container runs)."""
+        if not self._init_pid:
+            try:
+                state = self.client.api.inspect_container(self.container_id)["State"]
+            except Exception as e:  # noqa: BLE001
+                raise _map_error(e, "inspect container") from e
+            if not state.get("Running") or not state.get("Pid"):
+                raise SandboxLost(f"sandbox {self.id}: its container is not running")
+            self._init_pid = int(state["Pid"])
+        return self._init_pid
+
+    def _in_container(self, pid: int) -> bool:
+        """True if this host's ``/proc/<pid>`` is a process of this container (its cgroup
+        path names the container): then the engine runs on this host."""
+        try:
+            with open(f"/proc/{pid}/cgroup", "rb") as f:
+                return self.container_id.encode() in f.read(1 << 16)
+        except OSError:
+            return False
+
+    def _is_machinery(self, pid: int, ppid: int, pids: set[int], init: int) -> bool:
+        """Pid 1 ``init``, its own sleep, or (profile "sandbox") a ``docker exec``'s first
+        process: its parent is outside the container."""
+        if pid == init or (not self.image_profile and ppid not in pids):
+            return True
+        return ppid == init and self._is_init_sleep(pid, ppid)
+
+    @staticmethod
+    def _is_init_sleep(pid: int, init: int) -> bool:
+        """``pid`` is the ``sleep 86400`` of pid 1 ``init`` (`INIT_ARGV`, started anew each
+        day): that argv, a ``sleep`` executable, and no open file pid 1 does not hold.
+        Whoever started such a process, it holds nothing of the agent's."""
+        if procs.read_argv(pid) != (INIT_SLEEP, False):
+            return False  # (most children of pid 1 are orphans of the agent's: cheap)
+        info, parent = procs.read_process(pid), procs.read_process(init)
+        return (info is not None and parent is not None and not info.partial
+                and info.argv == INIT_SLEEP and posixpath.basename(info.exe) == "sleep"
+                and set(info.files) <= set(parent.files))
+
+    def _from_top(self, rows: list[tuple[int, int, str]], pids: set[int],
+                  init: int) -> tuple[ProcessInfo, ...]:
+        """The listing from ``top`` alone (an engine on another host): argv is the command
+        column split on spaces; no exe, no files (``partial``, source "top")."""
+        out: list[ProcessInfo] = []
+        for pid, ppid, command in sorted(rows):
+            if len(out) >= MAX_PROCESSES:
+                break
+            argv = tuple(command.encode()[:MAX_ARGV_BYTES].decode(errors="ignore").split())
+            if pid == init or (not self.image_profile and ppid not in pids) or (
+                    ppid == init and argv == INIT_SLEEP):
+                continue
+            out.append(ProcessInfo(pid=pid, ppid=ppid, argv=argv, partial=True,
+                                   source="top"))
+        return tuple(out)
+
     # ------------------------------------------------------------------ session
     def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> StreamSession:
         """Start the sandbox's terminal session (`terminal_rsi.sandbox.terminal`): tmux in
@@ -1203,8 +1307,11 @@ class DockerSandbox(Sandbox):
         with self._lock:
             self._check_open()
             self._clear_session_slot()
-            token = new_token()
             tmux = self._find_tmux()
+            token = "" if tmux else new_token()  # only a pty session's doorbell has one
+            extra = {}  # a tmux session's prompt checks read /proc from here where they can
+            if tmux and self._in_container(self._pid1()):
+                extra["proc_root"] = f"/proc/{self._pid1()}/root"
             env = self._env(None)
             cpu = str(max(1, int(-(-lifetime_s // 1))))
             if tmux:
@@ -1219,7 +1326,7 @@ class DockerSandbox(Sandbox):
             channel = _ExecChannel(stream, multiplexed=bool(tmux))
             kind = TmuxSession if tmux else PtySession
             self.session = kind(channel, token, self.spec.max_output_bytes,
-                                on_close=self._end_session)
+                                on_close=self._end_session, **extra)
             return self.session
 
     def _find_tmux(self) -> str:

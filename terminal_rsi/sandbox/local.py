@@ -9,9 +9,14 @@ Isolation levels (the table in docs/sandbox.md says what each guarantees):
     the workspace (at ``/workspace``), ``/tmp`` and ``/dev/shm``. Nothing else of the
     host is visible (no /root, /home, /work, /opt ...), no network, dies with its parent.
     When the exec's main process exits the PID namespace collapses, so no child survives.
+    ``network=True`` keeps the new network namespace and gives it user-mode networking
+    (Debian package ``slirp4netns``, :class:`_UserNet`): outside addresses are reachable,
+    the host's loopback (127.0.0.1, ::1) and abstract Unix sockets are not; a host without
+    it refuses the spec (:class:`InfrastructureError`), never sharing the host's network.
 ``plain``
     ``bash -c`` in its own session and process group, with rlimits: no filesystem
-    or network isolation beyond Unix permissions. Used when asked for by name
+    or network isolation beyond Unix permissions (``network=False`` included: the host's
+    network, loopback and abstract sockets are reachable). Used when asked for by name
     (``local-plain``), or by ``local`` when bubblewrap is unusable and the caller
     allowed it (``allow_plain=True``, one warning line says what it does not isolate).
 
@@ -39,6 +44,7 @@ cgroups and processes of owners that are gone (:func:`sweep_stale`).
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import glob
 import json
 import logging
@@ -49,6 +55,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -62,6 +69,7 @@ from terminal_rsi.sandbox.base import (
     MARKER_ENV,
     ExecResult,
     OutputCap,
+    ProcessInfo,
     Sandbox,
     SandboxSpec,
     TarLimits,
@@ -75,7 +83,6 @@ from terminal_rsi.sandbox.errors import BadRequest, InfrastructureError, Sandbox
 from terminal_rsi.sandbox.terminal import (
     Channel,
     TmuxSession,
-    new_token,
     shell_env,
     tmux_argv,
 )
@@ -164,6 +171,216 @@ def bwrap_available(as_root_drop: bool | None = None) -> bool:
     return ok
 
 
+# ------------------------------------------------------------------ user-mode network
+SLIRP_MTU = 65520  # slirp4netns's largest: fewer, larger packets than its default 1500
+NET_SETUP_TIMEOUT_S = 30.0  # bubblewrap's report plus slirp4netns's setup (ms when healthy)
+_NS_GET_USERNS = 0xB701  # ioctl(2) on a namespace descriptor: the user namespace owning it
+_HELPER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def user_net_problem() -> str | None:
+    """Why ``network=True`` cannot get user-mode networking on this host (None: it can)."""
+    if _tool("slirp4netns") is None:
+        return "slirp4netns is not installed (`apt-get install slirp4netns`)"
+    try:
+        tun = os.stat("/dev/net/tun")
+    except OSError:
+        return ("/dev/net/tun is missing (`modprobe tun`; a container needs "
+                "`--device /dev/net/tun`)")
+    if not stat.S_ISCHR(tun.st_mode):
+        return "/dev/net/tun is not a character device"
+    if not os.access("/dev/net/tun", os.R_OK | os.W_OK):
+        return ("/dev/net/tun is not readable and writable by this user "
+                "(`chmod 0666 /dev/net/tun`, its usual mode, or run as root)")
+    return None
+
+
+class _UserNet:
+    """slirp4netns serving one new sandbox network namespace (``network=True``).
+
+    bubblewrap reports its child's pid on ``--info-fd`` and holds the command until a byte
+    arrives on ``--block-fd``; :meth:`start` attaches slirp4netns to that child's network
+    namespace (tap0: 10.0.2.100/24, default route via 10.0.2.2, DNS forwarder 10.0.2.3;
+    ``--disable-host-loopback`` refuses what would reach the host's 127.0.0.1 through the
+    gateway), waits until it is configured, then lets the command run. The helper runs on
+    the host as the caller (as root inside slirp4netns's own mount-namespace sandbox and
+    seccomp filter), outside the sandbox's uid and cgroups (an exec's cleanup spares it);
+    it exits when :meth:`stop` closes its exit descriptor, or when this process dies (the
+    kernel closes it then), so it never outlives its owner."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._fds["info_r"], self._fds["info_w"] = os.pipe()
+        self._fds["block_r"], self._fds["block_w"] = os.pipe()
+        self.proc: subprocess.Popen | None = None
+
+    def child_fds(self) -> tuple[int, int]:
+        """bubblewrap's ``--info-fd`` and ``--block-fd`` (passed down the exec chain)."""
+        return self._fds["info_w"], self._fds["block_r"]
+
+    def spawned(self) -> None:
+        """The command chain holds the child ends now (or failed to start): close ours."""
+        self._close("info_w", "block_r")
+
+    def _close(self, *names: str) -> None:
+        for n in names:
+            fd = self._fds.pop(n, None)
+            if fd is not None:
+                os.close(fd)
+
+    def start(self, deadline: float) -> bool:
+        """Network the bubblewrap child, then release its command. False: bubblewrap never
+        ran (its wrapper failed first; the exec reports that). InfrastructureError when the
+        network cannot be set up: the caller kills the held command, then calls `stop`."""
+        info = _read_bwrap_info(self._fds["info_r"], deadline)
+        self._close("info_r")
+        if info is None:
+            return False
+        self._fds["child"] = _open_child(info)
+        # bubblewrap's child adds 127.0.0.1 to lo (NLM_F_EXCL: it dies on EEXIST) before it
+        # waits on --block-fd; slirp4netns sets lo up, which makes the kernel add that
+        # address too: let bubblewrap's go first
+        _wait_child_loopback(self._fds["child"], deadline)
+        try:
+            self._fds["netns"] = os.open("ns/net", os.O_RDONLY | os.O_CLOEXEC,
+                                         dir_fd=self._fds["child"])
+        except OSError as e:
+            raise InfrastructureError(f"the sandbox's process is gone before its network "
+                                      f"was set up: {e}") from e
+        self._close("child")
+        try:
+            self._fds["userns"] = fcntl.ioctl(self._fds["netns"], _NS_GET_USERNS)
+        except OSError as e:
+            raise InfrastructureError(f"cannot find the sandbox's user namespace: {e} "
+                                      "(NS_GET_USERNS needs Linux >= 4.9)") from e
+        with tempfile.TemporaryFile() as err:
+            self._spawn(err)
+            if not _wait_readable(self._fds["ready_r"], deadline) or \
+                    os.read(self._fds["ready_r"], 1) != b"1":
+                err.seek(0)
+                why = err.read()[-2000:].decode(errors="replace").strip() or "no output"
+                raise InfrastructureError(
+                    f"slirp4netns could not set up the sandbox's network: {why}")
+        self._close("ready_r")
+        try:
+            os.write(self._fds["block_w"], b"1")
+        except OSError as e:  # EPIPE: bubblewrap's child died before its command started
+            raise InfrastructureError(f"the sandbox's process is gone before its command "
+                                      f"started: {e}") from e
+        self._close("block_w")
+        return True
+
+    def _spawn(self, err) -> None:
+        """Start slirp4netns on the namespace descriptors (which it inherits; closed here
+        after), its stderr to ``err``."""
+        self._fds["ready_r"], ready_w = os.pipe()
+        exit_r, self._fds["exit_w"] = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                self._argv(ready_w, exit_r), pass_fds=(ready_w, exit_r, self._fds["userns"],
+                                                       self._fds["netns"]),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                env=_HELPER_ENV, start_new_session=True, close_fds=True)
+        except OSError as e:
+            raise InfrastructureError(f"cannot start slirp4netns: {e}") from e
+        finally:
+            os.close(ready_w)
+            os.close(exit_r)
+            self._close("netns", "userns")
+
+    def _argv(self, ready_w: int, exit_r: int) -> list[str]:
+        # --enable-sandbox as non-root would need uid 0 mapped in the sandbox's user
+        # namespace (bubblewrap maps only the caller's uid); there the helper is unprivileged
+        confine = ["--enable-sandbox"] if _is_root() else []
+        return [_tool("slirp4netns"), "--configure", f"--mtu={SLIRP_MTU}",
+                "--disable-host-loopback", *confine, "--enable-seccomp",
+                f"--ready-fd={ready_w}", f"--exit-fd={exit_r}",
+                f"--userns-path=/proc/self/fd/{self._fds['userns']}", "--netns-type=path",
+                f"/proc/self/fd/{self._fds['netns']}", "tap0"]
+
+    def stop(self) -> None:
+        """End the helper (idempotent): close its exit descriptor, wait (SIGKILL after 2 s).
+        Call it only once the command is dead or released: closing ``--block-fd`` unstarted
+        lets bubblewrap run the command (without a network, never the host's)."""
+        self._close(*list(self._fds))
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+def _wait_readable(fd: int, deadline: float) -> bool:
+    """True once ``fd`` is readable (data or EOF); False at the deadline."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        return bool(sel.select(max(0.0, deadline - time.monotonic())))
+
+
+def _read_bwrap_info(fd: int, deadline: float) -> dict | None:
+    """bubblewrap's ``--info-fd`` JSON (child pid, namespace inodes); None at EOF before
+    any byte (the wrapper exited before bubblewrap ran)."""
+    buf = b""
+    while True:
+        if not _wait_readable(fd, deadline):
+            raise InfrastructureError(f"bubblewrap did not report its sandbox within "
+                                      f"{NET_SETUP_TIMEOUT_S:.0f} s (host overloaded?)")
+        data = os.read(fd, 4096)
+        if not data:
+            if not buf:
+                return None
+            raise InfrastructureError(f"bubblewrap's --info-fd report is cut: {buf[:200]!r}")
+        buf += data
+        try:
+            info = json.loads(buf)
+        except ValueError:
+            continue
+        if not isinstance(info, dict) or not isinstance(info.get("child-pid"), int):
+            raise InfrastructureError(f"unexpected bubblewrap --info-fd report: {buf[:200]!r}")
+        return info
+
+
+def _open_child(info: dict) -> int:
+    """A descriptor of bubblewrap's child's /proc directory: later lookups through it
+    fail rather than reach another process once it is gone. Checked by its network
+    namespace's inode, so a child that died and whose pid was reused is never networked."""
+    pid = info["child-pid"]
+    try:
+        fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        ino = os.stat("ns/net", dir_fd=fd).st_ino
+    except OSError as e:
+        raise InfrastructureError(f"the sandbox's process {pid} is gone before its "
+                                  f"network was set up: {e}") from e
+    want = info.get("net-namespace")
+    if want is not None and ino != want:
+        os.close(fd)
+        raise InfrastructureError(f"the sandbox's process {pid} is gone before its network "
+                                  "was set up (its pid was reused)")
+    return fd
+
+
+def _wait_child_loopback(child: int, deadline: float) -> None:
+    """Until bubblewrap's child has added 127.0.0.1 to its loopback (the address's routes
+    show in ``net/fib_trie`` of its /proc directory ``child``; a new namespace has none)."""
+    pause = 0.0002
+    while True:
+        try:
+            with open(os.open("net/fib_trie", os.O_RDONLY | os.O_CLOEXEC, dir_fd=child),
+                      "rb") as f:
+                if b"127.0.0.1" in f.read():
+                    return
+        except OSError as e:
+            raise InfrastructureError(f"the sandbox's process is gone before its network "
+                                      f"was set up: {e}") from e
+        if time.monotonic() > deadline:
+            raise InfrastructureError(f"bubblewrap did not bring up the sandbox's loopback "
+                                      f"within {NET_SETUP_TIMEOUT_S:.0f} s")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
+
+
 PLAIN_MODE_NOTE = (
     "plain sandbox mode: commands run as ordinary subprocesses, with no filesystem, network "
     "or /proc isolation beyond the Unix permissions of a dedicated uid (root hosts only); "
@@ -212,6 +429,11 @@ class LocalSandbox(Sandbox):
             mode = "bwrap"
         if mode == "plain":
             _note_plain_once()
+        elif self.spec.network and (why := user_net_problem()):
+            raise InfrastructureError(
+                f"network=True on local-bwrap needs user-mode networking, and {why}; "
+                "install it, or open the sandbox without network (the host's own network "
+                "namespace is never shared: it would expose the host's loopback)")
         self.mode = mode
         self.id = uuid.uuid4().hex[:16]
         self._marker = f"{MARKER_ENV}={self.id}".encode()
@@ -277,7 +499,8 @@ class LocalSandbox(Sandbox):
         return "; ".join(f"ulimit -S -H {x}" for x in lim)
 
     def _argv(self, command: str, rel_cwd: str, timeout: float,
-              env: Mapping[str, str], join_ns: Mapping[str, int] | None = None) -> list[str]:
+              env: Mapping[str, str], join_ns: Mapping[str, int] | None = None,
+              net_fds: tuple[int, int] | None = None) -> list[str]:
         """The exec's process chain. Every wrapper runs with `_wrapper_env` and ``bash -p``
         (no BASH_ENV, ENV, SHELLOPTS or imported functions); the sandbox's environment
         ``env`` reaches only the final ``bash -c command`` (``env -i`` in plain mode,
@@ -290,7 +513,12 @@ class LocalSandbox(Sandbox):
         ``--share-net`` in it) so it reaches what the session serves on loopback. Its own
         PID, mount and IPC namespaces stay fresh: it still ends with its command. A
         descriptor, not a pid, so a session that died cannot hand over a reused pid's
-        namespace."""
+        namespace.
+
+        ``net_fds``: a new network namespace's `_UserNet` descriptors (``network=True``
+        without a session to join): bubblewrap reports its child on the first and holds the
+        command until the network is up (`_start_net`). The host's network namespace is
+        never shared."""
         # Innermost wrapper, as the sandbox uid: no survivor of a dead parent, rlimits.
         guard = f'[ "$PPID" = "{os.getpid()}" ] || exit 111; ' if _pdeathsig() else ""
         if self.mode == "plain":
@@ -305,8 +533,10 @@ class LocalSandbox(Sandbox):
                      "trsi", *final]
         else:
             bw = [_tool("bwrap"), "--unshare-all", "--die-with-parent", "--new-session"]
-            if self.spec.network or join_ns:
+            if join_ns:
                 bw.append("--share-net")
+            elif net_fds:
+                bw += ["--info-fd", str(net_fds[0]), "--block-fd", str(net_fds[1])]
             bw += _bwrap_root_args()
             bw += ["--proc", "/proc", "--dev", "/dev", "--bind", self.ws, SANDBOX_WORKDIR,
                    "--bind", self.tmp, "/tmp", "--bind", self.shm, "/dev/shm",
@@ -362,6 +592,31 @@ class LocalSandbox(Sandbox):
         return [p for p in self._find() if p != self._session_host_pid
                 and procs.ns_inode(p, "pid") != self._session_pidns]
 
+    def processes(self) -> tuple[ProcessInfo, ...]:
+        """The sandbox's processes (`Sandbox.processes`): those `_find` gives (its cgroups,
+        its uid, or its environment marker), read from this host's ``/proc``; pids are this
+        process's. Paths are as the sandbox sees them: ``/workspace/...`` under bubblewrap,
+        host paths in plain mode (its workspace is a host directory). Without the exec lock:
+        it answers while an exec or the session runs."""
+        self._check_open()
+        return procs.list_processes(self._find(), machinery=self._is_machinery)
+
+    def _is_machinery(self, pid: int, ppid: int) -> bool:
+        """The session's wrapper (the process this one started for it) and, under
+        bubblewrap, every process in this process's PID namespace (the wrappers and
+        bubblewrap's outer process: every command runs in a new one) and the pid 1 that
+        bubblewrap forks in each namespace it makes (its parent is such an outer process;
+        a namespace the agent makes has its init's parent inside the sandbox)."""
+        channel = getattr(self.session, "channel", None)
+        if ppid == os.getpid() and pid == getattr(getattr(channel, "proc", None), "pid", None):
+            return True
+        mine = procs.ns_inode(os.getpid(), "pid")
+        if self.mode != "bwrap" or mine is None:
+            return False
+        if procs.ns_inode(pid, "pid") == mine:
+            return True
+        return procs.ns_pids(pid)[-1:] == [1] and procs.ns_inode(ppid, "pid") == mine
+
     def _kill_all(self, proc: subprocess.Popen | None) -> None:
         _killpg(proc)
         procs.freeze_and_kill(self._find)
@@ -390,16 +645,22 @@ class LocalSandbox(Sandbox):
                 kw = dict(user=self.uid, group=self.uid, extra_groups=[])
             cap_out = OutputCap(self.spec.max_output_bytes)
             cap_err = OutputCap(self.spec.max_output_bytes)
+            net = self._new_user_net(join_ns)
+            net_fds = net.child_fds() if net else ()
             t0 = time.monotonic()
             try:
                 proc = subprocess.Popen(
-                    self._argv(command, rel, timeout, full_env, join_ns=join_ns),
-                    stdin=subprocess.DEVNULL, pass_fds=tuple(join_ns.values()),
+                    self._argv(command, rel, timeout, full_env, join_ns=join_ns,
+                               net_fds=net_fds or None),
+                    stdin=subprocess.DEVNULL, pass_fds=(*join_ns.values(), *net_fds),
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._wrapper_env(),
                     cwd=host_cwd if self.mode == "plain" else self.ws,
                     start_new_session=True, close_fds=True, **kw)
             except OSError as e:
+                if net:
+                    net.stop()
                 raise InfrastructureError(f"cannot start the sandbox command: {e}") from e
+            self._start_net(net, proc)
             timed_out = False
             try:
                 timed_out = self._pump(proc, cap_out, cap_err, t0 + timeout)
@@ -410,6 +671,8 @@ class LocalSandbox(Sandbox):
                 if timed_out or self.mode == "plain" or proc.returncode != 0:
                     # bwrap: a clean exit of the namespace's init already killed the rest.
                     self._kill_exec(None)
+                if net:
+                    net.stop()
             if proc.returncode == 112:
                 raise InfrastructureError(f"sandbox {self.id}: the command could not join "
                                           "its cgroup")
@@ -418,6 +681,31 @@ class LocalSandbox(Sandbox):
                 exit_code=(-signal.SIGKILL if timed_out else _exit_code(proc.returncode)),
                 timed_out=timed_out, truncated=cap_out.truncated or cap_err.truncated,
                 duration_s=time.monotonic() - t0)
+
+    def _new_user_net(self, join_ns: Mapping[str, int]) -> _UserNet | None:
+        """The user-mode network of a command's new network namespace: bwrap with
+        ``network=True`` and no live session whose namespace it joins; else None."""
+        if self.mode == "bwrap" and self.spec.network and not join_ns:
+            return _UserNet()
+        return None
+
+    def _start_net(self, net: _UserNet | None, proc: subprocess.Popen) -> None:
+        """Network the new namespace of ``proc`` (started with ``net``'s descriptors),
+        then release its command. On failure the held command dies unstarted, the helper
+        stops, and the InfrastructureError says why."""
+        if net is None:
+            return
+        net.spawned()
+        try:
+            net.start(time.monotonic() + NET_SETUP_TIMEOUT_S)
+        except BaseException:
+            self._kill_exec(proc)
+            proc.wait()
+            net.stop()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+            raise
 
     def _pump(self, proc: subprocess.Popen, cap_out: OutputCap, cap_err: OutputCap,
               deadline: float) -> bool:
@@ -478,36 +766,43 @@ class LocalSandbox(Sandbox):
         with self._lock:
             self._check_open()
             self._clear_session_slot()
-            token = new_token()
             sock = ("/tmp" if self.mode == "bwrap" else self.tmp) + "/.trsi-tmux"
-            cmd = shlex.join(["exec", *tmux_argv(sock, tmux, env=shell_env(token))])
+            cmd = shlex.join(["exec", *tmux_argv(sock, tmux, env=shell_env())])
             kw = {}
             if self.uid is not None and not _pdeathsig():
                 kw = dict(user=self.uid, group=self.uid, extra_groups=[])
+            net = self._new_user_net({})  # the session's namespace, joined by later execs
+            net_fds = net.child_fds() if net else ()
             try:
                 # from a thread that never ends: the session dies with the thread that
                 # started it (its parent-death signal follows the thread, not the process)
                 proc = _SESSION_SPAWNER.submit(
-                    subprocess.Popen, self._argv(cmd, ".", lifetime_s, self._env(None)),
+                    subprocess.Popen, self._argv(cmd, ".", lifetime_s, self._env(None),
+                                                 net_fds=net_fds or None),
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     env=self._wrapper_env(), cwd=self.ws, start_new_session=True,
-                    close_fds=True, **kw).result()
+                    pass_fds=net_fds, close_fds=True, **kw).result()
             except OSError as e:
+                if net:
+                    net.stop()
                 raise InfrastructureError(f"cannot start the terminal session: {e}") from e
+            self._start_net(net, proc)
+            root = "/"  # where the session reads the sandbox's /proc (its prompt checks)
             if self.mode == "bwrap":
                 self._session_host_pid = proc.pid
                 inside = procs.descendant_in_other_ns(proc.pid, "pid")
+                root = None if inside is None else f"/proc/{inside}/root"
                 if inside is not None:
                     self._session_pidns = procs.ns_inode(inside, "pid")
                     self._session_ns = _open_ns(inside, ("net", "user"))
             self.session = TmuxSession(
-                _PipeChannel(proc), token, self.spec.max_output_bytes,
-                on_close=lambda: self._end_session(proc))
+                _PipeChannel(proc), max_output_bytes=self.spec.max_output_bytes,
+                on_close=lambda: self._end_session(proc, net), proc_root=root)
             return self.session
 
-    def _end_session(self, proc: subprocess.Popen) -> None:
+    def _end_session(self, proc: subprocess.Popen, net: _UserNet | None = None) -> None:
         """Everything the session started dies: bwrap, its PID namespace; plain, every
-        process of the sandbox (no exec leaves one behind)."""
+        process of the sandbox (no exec leaves one behind); then its network's helper."""
         pidns = self._session_pidns
         _killpg(proc)
         if pidns is not None:
@@ -519,6 +814,8 @@ class LocalSandbox(Sandbox):
         for fd in self._session_ns.values():
             os.close(fd)
         self._session_ns = {}
+        if net is not None:
+            net.stop()
 
     # ----------------------------------------------------------------- files
     def _is_workspace_dir(self, rel: str) -> bool:

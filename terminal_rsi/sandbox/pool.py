@@ -124,8 +124,12 @@ class PooledSandbox(Sandbox):
     def get_tar(self, path: str = ".", max_bytes: int = 256 << 20) -> bytes:
         return self._call(self.inner.get_tar, path, max_bytes=max_bytes)
 
+    def processes(self):
+        return self._call(self.inner.processes)
+
     def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> PooledSession:
-        return PooledSession(self, self._call(self.inner.open_session, lifetime_s))
+        self.session = PooledSession(self, self._call(self.inner.open_session, lifetime_s))
+        return self.session
 
     def close(self) -> None:
         if self._closed:

@@ -5,6 +5,9 @@ runs as root) or by the ``TRSI_SANDBOX=<id>`` marker in their environment. They
 are killed freeze-first: SIGSTOP every match until a scan finds no running
 match (a stopped process cannot fork), then SIGKILL them all. This terminates
 fork bombs, double-forked and ``setsid`` children alike.
+
+:func:`list_processes` reads what a sandbox runs, for ``Sandbox.processes``: argv, executable
+and open files from ``/proc``, within the caps of ``base`` (``MAX_PROCESSES`` ...).
 """
 
 from __future__ import annotations
@@ -14,6 +17,14 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
+
+from terminal_rsi.sandbox.base import (
+    MAX_ARGV_BYTES,
+    MAX_PROCESS_FILES,
+    MAX_PROCESS_PATH,
+    MAX_PROCESSES,
+    ProcessInfo,
+)
 
 
 def _pids() -> Iterable[int]:
@@ -215,3 +226,126 @@ def descendant_in_other_ns(pid: int, kind: str = "pid", timeout_s: float = 10.0)
 def pids_in_ns(kind: str, inode: int) -> list[int]:
     """Pids whose ``kind`` namespace has inode ``inode``."""
     return [p for p in _pids() if ns_inode(p, kind) == inode]
+
+
+# ----------------------------------------------------------------- listing (processes())
+
+
+def stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in clock ticks since boot) of ``pid`` from
+    ``/proc/<pid>/stat``; None if it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2:].split()
+        return fields[0].decode(), int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def ns_pids(pid: int) -> list[int]:
+    """``pid``'s pid in each PID namespace it is in, outermost first (``NSpid``)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def clip(text: str, limit: int = MAX_PROCESS_PATH) -> tuple[str, bool]:
+    """``text`` in at most ``limit`` characters, cut in the middle (so a `` (deleted)``
+    at the end stays); and whether it was cut."""
+    if len(text) <= limit:
+        return text, False
+    head = (limit - 3) // 2
+    return text[:head] + "..." + text[len(text) - (limit - 3 - head):], True
+
+
+def read_argv(pid: int) -> tuple[tuple[str, ...], bool]:
+    """The command line (at most MAX_ARGV_BYTES) and whether it is partial."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            data = f.read(MAX_ARGV_BYTES + 1)
+    except OSError:
+        return (), True
+    cut = len(data) > MAX_ARGV_BYTES
+    data = data[:MAX_ARGV_BYTES]
+    if data.endswith(b"\0"):
+        data = data[:-1]
+    return (tuple(_text(a) for a in data.split(b"\0")) if data else ()), cut
+
+
+def _link(path: str) -> str | None:
+    try:
+        return _text(os.readlink(os.fsencode(path)))
+    except OSError:
+        return None
+
+
+def _files(pid: int) -> tuple[tuple[str, ...], bool]:
+    """The open files (lowest descriptors first, at most MAX_PROCESS_FILES) and whether
+    the list is partial. procfs lists a process's descriptors in ascending order, so
+    only the first ones are read whatever the process holds."""
+    fds: list[int] = []
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as it:
+            for entry in it:
+                fds.append(int(entry.name))
+                if len(fds) > MAX_PROCESS_FILES:
+                    break
+    except (OSError, ValueError):
+        return (), True
+    cut = len(fds) > MAX_PROCESS_FILES
+    out = []
+    for fd in sorted(fds)[:MAX_PROCESS_FILES]:
+        target = _link(f"/proc/{pid}/fd/{fd}")
+        if target is not None:  # closed meanwhile: no longer open
+            target, clipped = clip(target)
+            cut = cut or clipped
+            out.append(target)
+    return tuple(out), cut
+
+
+def read_process(pid: int, belongs: Callable[[int], bool] | None = None) -> ProcessInfo | None:
+    """What ``/proc`` says of ``pid`` (`ProcessInfo`, source "proc"); None if it is gone,
+    a zombie, reused while read, or (``belongs`` given) not one ``belongs`` accepts."""
+    before = stat(pid)
+    if before is None or before[0] in ("Z", "X"):
+        return None
+    if belongs is not None and not belongs(pid):
+        return None
+    argv, argv_cut = read_argv(pid)
+    exe = _link(f"/proc/{pid}/exe")
+    files, files_cut = _files(pid)
+    after = stat(pid)
+    if after is None or after[2] != before[2]:
+        return None  # exited (or its pid was reused) while it was read
+    exe, exe_cut = clip(exe or "")
+    return ProcessInfo(pid=pid, ppid=before[1], argv=argv, exe=exe, files=files,
+                       partial=argv_cut or files_cut or exe_cut or not exe, source="proc")
+
+
+def list_processes(pids: Iterable[int], machinery: Callable[[int, int], bool] | None = None,
+                   belongs: Callable[[int], bool] | None = None) -> tuple[ProcessInfo, ...]:
+    """`read_process` of ``pids``, lowest first, at most MAX_PROCESSES, skipping zombies
+    and those ``machinery(pid, ppid)`` calls the sandbox's own (checked before anything
+    else is read). Every pid is looked at until the cap is reached, so a listing shorter
+    than MAX_PROCESSES is complete."""
+    out: list[ProcessInfo] = []
+    for pid in sorted(set(pids)):
+        if len(out) >= MAX_PROCESSES:
+            break
+        st = stat(pid)
+        if st is None or st[0] in ("Z", "X") or (machinery is not None and machinery(pid, st[1])):
+            continue
+        info = read_process(pid, belongs)
+        if info is not None:
+            out.append(info)
+    return tuple(out)

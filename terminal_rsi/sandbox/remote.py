@@ -2,8 +2,9 @@
 
 Each call is one request (the server's module doc has the table): ``exec`` -> ``POST
 /v1/sandboxes/{id}/exec``, ``put_tar`` / ``get_tar`` -> ``PUT`` / ``GET .../files``,
-``close`` -> ``DELETE /v1/sandboxes/{id}``. ``open_session`` -> ``POST .../session`` gives
-a :class:`RemoteSession` whose ``send`` / ``wait`` / ``read`` / ``run`` are ``POST
+``close`` -> ``DELETE /v1/sandboxes/{id}``, ``processes`` -> ``GET .../processes`` (the
+server's host reads them; pids are that host's). ``open_session`` -> ``POST .../session``
+gives a :class:`RemoteSession` whose ``send`` / ``wait`` / ``read`` / ``run`` are ``POST
 .../session/send|wait|read|run``, ``alive`` is ``GET .../session`` and ``close`` is
 ``DELETE .../session``; a wait or run has ``timeout + SESSION_MARGIN_S`` of HTTP time.
 
@@ -32,7 +33,9 @@ from collections.abc import Mapping
 
 from terminal_rsi.sandbox.base import (
     DEFAULT_SESSION_LIFETIME_S,
+    MAX_PROCESSES,
     ExecResult,
+    ProcessInfo,
     Sandbox,
     SandboxSpec,
     check_exec_args,
@@ -264,6 +267,20 @@ class RemoteSandbox(Sandbox):
                                 timeout=max(self.client.timeout, 120.0))
         return r.content
 
+    def processes(self) -> tuple[ProcessInfo, ...]:
+        """`Sandbox.processes` of the sandbox on the bridge, read by the server from its
+        host (pids are that host's); InfrastructureError if the answer is not a listing."""
+        self._check_open()
+        r = self.client.request("GET", f"/v1/sandboxes/{self.id}/processes")
+        found = _answer(r, f"{self.client.url} processes", ("processes",))["processes"]
+        try:
+            if not isinstance(found, list) or len(found) > MAX_PROCESSES:
+                raise TypeError(f"not a list of at most {MAX_PROCESSES} processes")
+            return tuple(ProcessInfo.from_json(p) for p in found)
+        except (KeyError, TypeError) as e:
+            raise InfrastructureError(f"bridge {self.client.url} processes: the answer is "
+                                      f"not a process listing ({e!r:.300})") from e
+
     def open_session(self, lifetime_s: float = DEFAULT_SESSION_LIFETIME_S) -> RemoteSession:
         """Open the sandbox's terminal session on the bridge (see `Sandbox.open_session`);
         the server refuses a ``lifetime_s`` above its ``--max-timeout-s``."""
@@ -272,7 +289,8 @@ class RemoteSandbox(Sandbox):
         self.client.request("POST", f"/v1/sandboxes/{self.id}/session",
                             json={"lifetime_s": lifetime_s},
                             timeout=max(self.client.timeout, 120.0))
-        return RemoteSession(self)
+        self.session = RemoteSession(self)
+        return self.session
 
     @property
     def closed(self) -> bool:

@@ -20,6 +20,9 @@ GET      /v1/sandboxes/{id}/files?path=   -> tar stream (application/x-tar); &ma
                                           (dest / path: workspace-relative; a sandbox of
                                           profile "image" also takes absolute ones)
 DELETE   /v1/sandboxes/{id}               -> {} (idempotent; closes its session too)
+GET      /v1/sandboxes/{id}/processes     -> {"processes": [ProcessInfo.to_json()]}: what
+                                          runs in it, read from this host (pids are
+                                          this host's; `Sandbox.processes`)
 POST     /v1/sandboxes/{id}/session       {"lifetime_s"} -> {} (201): open the terminal
                                           session (one per sandbox)
 GET      /v1/sandboxes/{id}/session       -> {"open", "alive"}
@@ -873,6 +876,13 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
             _file_path(sb, q["path"], "query parameter path"), max_bytes=max_bytes))
         return Response(data, media_type="application/x-tar")
 
+    async def processes(request: Request, owner: str):
+        parse_query(request.query_params, {})
+        found = await with_sandbox(owner, request.path_params["sid"],
+                                   lambda sb: sb.processes())
+        manager.metrics["process_listings"] += 1
+        return JSONResponse({"processes": [p.to_json() for p in found]})
+
     async def delete(request: Request, owner: str):
         parse_query(request.query_params, {})
         sid = parse_sid(request.path_params["sid"])
@@ -907,6 +917,7 @@ def build_app(manager: SandboxManager, tokens: dict[str, str], max_request_bytes
         Route("/v1/sandboxes/{sid}/exec", endpoint(exec_), methods=["POST"]),
         Route("/v1/sandboxes/{sid}/files", endpoint(put_files), methods=["PUT"]),
         Route("/v1/sandboxes/{sid}/files", endpoint(get_files), methods=["GET"]),
+        Route("/v1/sandboxes/{sid}/processes", endpoint(processes), methods=["GET"]),
         Route("/v1/sandboxes/{sid}", endpoint(delete), methods=["DELETE"]),
         *_session_routes(manager, endpoint, body, max_request_bytes),
     ]

@@ -34,15 +34,59 @@ Operations (all backends alike, including the HTTP bridge, which forwards them):
     ``send`` + ``wait`` (for as many prompts as Enter presses) + ``read``: a
     :class:`SessionOutput` saying whether the command finished.
 
-Completion is seen through the shell's prompt: ``PS1`` ends in an invisible OSC sequence
-with a per-session token and ``$?``. A program that resets ``PS1`` only makes ``wait`` run
-to its timeout.
+Completion (prompts that cannot be forged). The driver must not take the agent's word that a
+command finished: RSR keeps a turn by its ``done`` and ``exit_code``. So a printed prompt is
+only a doorbell, and what counts is read where the agent's processes cannot write:
+
+- **The shell's claim.** At each prompt the shell's ``PROMPT_COMMAND`` (`shell_env`) numbers
+  the prompt and writes the *claim* ``<pid>.<n>.<status>`` (hex: its own pid, its prompt
+  number, ``$?``) to ``/proc/self/comm``; ``PS1`` ends in the invisible doorbell ``ESC ]
+  7770 ; ; <claim> BEL`` (the hook appends it again when a ``.bashrc`` or the agent resets
+  ``PS1``). The kernel lets only a process itself write its ``comm`` (another process, of
+  any uid, gets EINVAL), and a forked subshell inherits its parent's, whose pid is not its
+  own. Nothing in the shell is secret, so there is no token to steal: ``env``, ``set`` and
+  ``$PS1`` show the hook and the doorbell, and replaying them proves nothing.
+- **The session's own pane.** tmux tags output with its pane (``%output %<id>``): only the
+  pane the session started in (its id learned at start) is read and rings, and keys go to
+  that pane, so a window or pane the agent opens (``tmux new-window``) neither rings nor
+  takes the keys.
+- **Read out of band.** After a doorbell the driver reads the pane's foreground process
+  group (``tpgid`` in ``/proc/<pane pid>/stat``), and a prompt counts only when that
+  group's leader runs the session's bash and its ``comm`` holds a claim with its own pid:
+  a shell is in the foreground at (or just past) that prompt now. The local backends and a
+  Docker engine on this host give the sandbox's ``/proc`` (``proc_root``): the driver reads
+  it itself (a few file reads). Otherwise the newest claims rung are checked in the
+  sandbox by a tmux ``if-shell`` (a ``/bin/sh`` the tmux server forks, 2-4 ms; its answer
+  is in the command's reply, which pane output cannot fake, with a per-check nonce). The
+  prompts count from the numbers (those a shell showed since its last checked claim: a
+  redisplayed prompt adds none, a missed check is made up by the next) and ``exit_code``
+  is the claim's status. A nested ``bash`` counts the same way (its own pid and numbers);
+  a REPL, an editor or a running command is no shell in the foreground: not done.
+
+So a doorbell printed by a running command, a background job, another pane or a replay of
+the hook neither ends a wait nor sets ``exit_code``. What remains (docs/sandbox.md): the
+agent can still make its *own* shell say what it wants, by driving it rather than by
+printing: typed commands (rewrite ``PROMPT_COMMAND``, write a claim to ``/proc/self/comm``
+then ``read -e``, run a bash with another hook: all in the transcript), or ptrace of the
+shell (same uid, where no Yama or seccomp policy forbids it); an agent that is root in its
+container can replace ``/bin/bash``; the in-sandbox check runs as the sandbox's user, so an
+agent can subvert it through its tmux server's environment (``set-environment -g
+LD_PRELOAD``) or, as root, by replacing ``/bin/sh`` (reading ``/proc`` from the driver has
+neither gap); and the tmux client's pipes are reachable through ``/proc/<client>/fd``
+(same uid), which only running the client as another uid closes. A shell whose hook is
+removed only makes ``wait`` run to its timeout, as do prompts of a nested shell that exits
+before its check (``bash\\nexit\\n`` typed at once: not done, conservatively). A session
+without tmux (`pty_session.PtySession`) reads no ``/proc``: it counts doorbells that carry
+its token, which is readable in its ``PS1``.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
+import functools
+import os
 import re
 import secrets
 import threading
@@ -65,6 +109,11 @@ _NAMED_KEYS = ("Enter", "Escape", "Tab", "BTab", "BSpace", "Space", "Up", "Down"
 _KEY_ALT = "|".join(_NAMED_KEYS) + "|F(?:[1-9]|1[0-2])"
 _KEY_RE = re.compile(rf"(?:[CMS]-)+(?:[!-~]|{_KEY_ALT})|{_KEY_ALT}")
 HEX_CHUNK = 2048  # bytes per send-keys command
+SHELL = "/bin/bash"
+PROMPT_WRAP = 0x100000  # a shell's prompt number wraps here (a claim fits comm's 15 bytes)
+# a claim: pid (pid_max <= 2**22), prompt number, $? (hex); also the shell's comm
+_CLAIM_RE = re.compile(rb"([0-9a-f]{1,6})\.([0-9a-f]{1,5})\.([0-9a-f]{1,2})")
+MAX_PENDING_CLAIMS = 64  # doorbells waiting for a check in the sandbox (a flood drops old)
 
 
 def is_key_name(keystrokes: str) -> bool:
@@ -86,13 +135,32 @@ def session_keystrokes(command: str) -> str:
     return command if is_key_name(command) or command.endswith("\n") else command + "\n"
 
 
-def shell_env(token: str) -> dict[str, str]:
-    """The session shell's own variables: a plain prompt that reports completion, no
-    history file, and ``IGNOREEOF`` so a stray C-d at the prompt does not end the shell."""
+def _doorbell(token: str) -> str:
+    """The end of ``PS1``: the invisible OSC doorbell with the prompt's claim (\\[ \\]: zero
+    width; it closes the prompt, so the prompt's text is in the output when it rings)."""
+    return "\\[\\033]" + _OSC_ID.decode() + f";{token};" + "${__trsi_claim}\\007\\]"
+
+
+def _prompt_hook(token: str) -> str:
+    """``PROMPT_COMMAND``: number the prompt, write the claim to this process's own comm
+    (see the module doc), and put the doorbell back at the end of ``PS1`` when something
+    (a ``.bashrc``, a nested shell's defaults) replaced it. No fork; ``$?`` and ``$_`` are
+    unchanged for the next command (bash restores them after the hook)."""
+    return ("__trsi_rc=$? __trsi_n=$(((__trsi_n+1)%" + hex(PROMPT_WRAP) + ")); "
+            'printf -v __trsi_claim %x.%x.%x $$ "$__trsi_n" "$__trsi_rc"; '
+            'printf %s "$__trsi_claim" 2>/dev/null >/proc/self/comm; '
+            f"[[ $PS1 == *']{_OSC_ID.decode()};'* ]] || PS1+='{_doorbell(token)}'")
+
+
+def shell_env(token: str = "") -> dict[str, str]:
+    """The session shell's own variables: a plain prompt that rings the doorbell, the hook
+    that makes each prompt's claim, no history file, and ``IGNOREEOF`` so a stray C-d at
+    the prompt does not end the shell. ``token``: only for a session without tmux, which
+    has no other way to tell its doorbell (a tmux session's shell gets none: nothing in it
+    is secret, see the module doc)."""
     return {
-        # the marker closes the prompt (\[ \]: zero width), so the prompt's text is in
-        # the output by the time it is seen; $? is the last command's status
-        "PS1": "\\w\\$ \\[\\033]" + _OSC_ID.decode() + f";{token};$?\\007\\]",
+        "PS1": "\\w\\$ " + _doorbell(token),
+        "PROMPT_COMMAND": _prompt_hook(token),
         "HISTFILE": "/dev/null",
         "IGNOREEOF": "10",
         "TERM": "screen",  # a pty shell's (under tmux its default-terminal, tmux-256color)
@@ -107,7 +175,7 @@ def tmux_argv(socket_path: str, tmux: str = "tmux", env: Mapping[str, str] | Non
             SESSION_NAME, "-x", str(width), "-y", str(height)]
     for k, v in (env or {}).items():
         argv += ["-e", f"{k}={v}"]
-    return argv + ["--", "/bin/bash", "--noprofile", "--norc", "-i"]
+    return argv + ["--", SHELL, "--noprofile", "--norc", "-i"]
 
 
 # ---------------------------------------------------------------------------- output text
@@ -174,6 +242,27 @@ def _unescape(data: bytes) -> bytes:
 # ---------------------------------------------------------------------------- session
 
 
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """What a doorbell says: shell ``pid`` shows its prompt number ``n`` after a command
+    that exited with ``status``; ``text`` as the shell wrote it (``<pid>.<n>.<status>``,
+    hex)."""
+
+    pid: int
+    n: int
+    status: int
+    text: str
+
+
+def parse_claim(raw: bytes) -> Claim | None:
+    """The claim in a doorbell's bytes (agent-reachable text: None unless well formed)."""
+    m = _CLAIM_RE.fullmatch(raw)
+    if m is None:
+        return None
+    pid, n, status = (int(g, 16) for g in m.groups())
+    return Claim(pid, n, status, raw.decode()) if pid > 0 else None
+
+
 class Channel(abc.ABC):
     """A byte pipe to the session's tmux control client in the sandbox (backend-made)."""
 
@@ -196,7 +285,8 @@ class SessionOutput:
 
     text: new output since the previous read (see `terminal_text`), head and tail kept.
     done: the shell showed every prompt waited for (the command finished).
-    exit_code: ``$?`` of the last command the shell reported at a prompt (None: none yet).
+    exit_code: ``$?`` of the last command, from the last prompt whose claim held (module
+      doc; None: none yet).
     truncated: output was cut to the cap. alive: the shell still runs.
     duration_s: seconds waited.
     """
@@ -272,7 +362,8 @@ class StreamSession(TerminalSession):
 
     Args:
       channel: the pipe to the session's client in the sandbox.
-      token: the prompt token the shell was started with (`shell_env`).
+      token: the doorbell token the shell was started with (`shell_env`; a pty session's,
+        whose doorbells are its prompts: "" for tmux, whose doorbells are checked).
       max_output_bytes: cap on one read (head and tail kept).
       on_close: called once after the channel is closed (the backend's cleanup).
       start_timeout: seconds to wait for the first prompt.
@@ -294,17 +385,28 @@ class StreamSession(TerminalSession):
         self._alive = True
         self._closed = False
         self._errors: list[str] = []
+        self._last_claim = b""
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name="trsi-session-reader")
         self._reader.start()
-        with self._cond:  # the first prompt ever (the reader may have counted it already)
-            started = self._wait(time.monotonic() + check_wait(start_timeout), 1, SETTLE_S)
+        try:
+            self._begin()
+        except SandboxLost as e:
+            self._errors.append(str(e))
+            started = False
+        else:
+            with self._cond:  # the first prompt ever (the reader may have counted it)
+                started = self._wait(time.monotonic() + check_wait(start_timeout), 1,
+                                     SETTLE_S)
         if not started:
             why = "; ".join(self._errors[-3:]) or "no prompt appeared"
             self.close()
             raise SandboxLost(f"the terminal session did not start within {start_timeout:g} s:"
                               f" {why}")
         self.read()  # the first prompt is not news
+
+    def _begin(self) -> None:
+        """Called once the reader runs, before the first prompt is awaited."""
 
     # -- the reader thread
     def _read_loop(self) -> None:
@@ -330,25 +432,40 @@ class StreamSession(TerminalSession):
 
     def _output(self, data: bytes) -> None:
         scan = self._carry + data
-        found = []
+        claims = []
         start = 0
         while (i := scan.find(self._marker, start)) >= 0:
             end = scan.find(b"\x07", i)
             if end < 0:
                 break
-            status = scan[i + len(self._marker):end]
-            found.append(int(status) if status.isdigit() else None)
+            claims.append(scan[i + len(self._marker):end])
             start = end + 1
-        keep = len(self._marker) + 8
+        keep = len(self._marker) + 32  # a marker, the longest claim and its BEL
         j = scan.rfind(b"\x1b", max(start, len(scan) - keep))
         self._carry = scan[j:] if j >= 0 else b""  # a marker may go on in the next chunk
         with self._cond:
             self._cap.feed(data)
             self._last_output = time.monotonic()
-            if found:
-                self._prompts += len(found)
-                self._last_status = found[-1]
+            if claims:
+                self._rang(claims)
             self._cond.notify_all()
+        if claims:
+            self._after_rang()
+
+    def _rang(self, claims: list[bytes]) -> None:
+        """Doorbells rang (called holding ``_cond``). Without an out-of-band check (a pty
+        session) each is a prompt, but for a redisplayed one (the same claim again), and
+        its status is ``exit_code``."""
+        for raw in claims:
+            if raw == self._last_claim:
+                continue
+            self._last_claim = raw
+            claim = parse_claim(raw)
+            self._prompts += 1
+            self._last_status = claim.status if claim is not None else None
+
+    def _after_rang(self) -> None:
+        """Called on the reader thread after doorbells rang, not holding ``_cond``."""
 
     def _write(self, data: bytes) -> None:
         with self._cond:  # quiet is measured from the keys sent, too (their echo follows)
@@ -429,42 +546,269 @@ class StreamSession(TerminalSession):
                 self._on_close()
 
 
+def _check_command(pane_pid: int, claim: Claim, nonce: str) -> str:
+    """The tmux command that checks ``claim`` out of band (module doc): a ``/bin/sh`` the
+    tmux server forks tests the pane's foreground process group, that process's binary and
+    its comm; the reply's branch says yes only with ``nonce``. (tmux expands formats in the
+    shell command: ``####`` is ``##``.)"""
+    pid = claim.pid
+    test = (f'IFS=" "; read -r s </proc/{pane_pid}/stat && s=${{s####*) }} && set -- $s && '
+            f'[ "$6" = {pid} ] && read -r c </proc/{pid}/comm && [ "$c" = {claim.text} ] && '
+            f"[ /proc/{pid}/exe -ef {SHELL} ]")
+    return (f"if-shell '{test}' 'display-message -p trsi-yes-{nonce}' "
+            "'display-message -p trsi-no'")
+
+
+def _read_at(dir_fd: int, path: str) -> bytes:
+    """The first 4 KiB of a file below ``dir_fd`` (a /proc file: one read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+Reply = Callable[[list[bytes], bool], None]  # a command's reply: its lines, and not %error
+
+
 class TmuxSession(StreamSession):
     """A session driven through a tmux control-mode client (`tmux_argv`) at the far end
-    of the channel: keys go in as ``send-keys`` commands, pane output comes back as
-    ``%output`` notifications."""
+    of the channel: keys go in as ``send-keys`` commands to the session's pane, its output
+    comes back as ``%output`` notifications, and each doorbell is checked out of band before
+    a prompt counts (module doc). Every command this client sends gets one reply block
+    (``%begin`` ... ``%end`` / ``%error`` with flags 1), in order; blocks with flags 0 (hooks
+    the agent may set) are skipped.
 
-    def __init__(self, *args, **kwargs):
+    Args: as `StreamSession`; ``token`` is accepted for the backends' common call and
+    should be "" (a tmux session's shell needs none). ``proc_root``: a directory through
+    which this process can read the sandbox's ``/proc`` itself (the local backends: the
+    sandbox's root, ``/proc/<pid inside>/root``, or ``/``), so a check costs a few file
+    reads here instead of a process in the sandbox; None (Docker), or when it cannot be
+    read: checks run in the sandbox through tmux.
+    """
+
+    def __init__(self, channel: Channel, token: str = "", max_output_bytes: int = 1 * MiB,
+                 on_close: Callable[[], None] | None = None, start_timeout: float = 30.0,
+                 proc_root: str | None = None):
+        self._proc_root = proc_root
+        self._root_fd: int | None = None  # proc_root, opened at the first check
+        self._shell_exe: tuple[int, int] | None = None  # (dev, inode) of the session's bash
         self._line_buf = b""
-        super().__init__(*args, **kwargs)
+        self._block: list[bytes] | None = None  # the reply block being read
+        self._block_id = b""  # its "<time> <number> <flags>", which its end line repeats
+        self._replies: collections.deque[Reply] = collections.deque()
+        self._pane = b""  # the session's pane (b"%0") and its shell's pid, learned at start
+        self._pane_pid = 0
+        self._rung = False  # a doorbell rang since the last check
+        self._pending: dict[bytes, Claim] = {}  # claims to check in the sandbox, newest last
+        self._checking = False  # a check is in flight (one at a time)
+        self._shown: dict[int, int] = {}  # shell pid -> its prompt number last checked
+        super().__init__(channel, token, max_output_bytes, on_close, start_timeout)
 
+    # -- the control protocol (reader thread)
     def _feed(self, data: bytes) -> None:
         *lines, self._line_buf = (self._line_buf + data).split(b"\n")
         for line in lines:
-            if line.startswith(b"%output "):
-                self._output(_unescape((line.split(b" ", 2) + [b""])[2]))
+            if self._block is not None:
+                self._block_line(line)
+            elif line.startswith(b"%output "):
+                pane, _, out = line[8:].partition(b" ")
+                if not self._pane or pane == self._pane:  # another pane's output is not ours
+                    self._output(_unescape(out))
+            elif line.startswith(b"%begin "):
+                self._block, self._block_id = [], line[7:]
             elif line.startswith(b"%exit"):
                 self._ended()
-            elif line and not line.startswith(b"%"):  # a failed command's message
-                self._errors[:] = [*self._errors[-4:], line.decode(errors="replace")]
+            elif line and not line.startswith(b"%"):
+                self._error(line)
 
+    def _block_line(self, line: bytes) -> None:
+        """A line inside a reply block: its content, or its end (the same id: content the
+        agent's hooks print cannot end a block early without guessing it)."""
+        if line not in (b"%end " + self._block_id, b"%error " + self._block_id):
+            if len(self._block) < 64:
+                self._block.append(line)
+            return
+        lines, ok, ours = self._block, line.startswith(b"%end "), self._block_id.endswith(b" 1")
+        self._block = None
+        if not ours:
+            return
+        if not ok:
+            for e in lines:
+                self._error(e)
+        if self._replies:
+            self._replies.popleft()(lines, ok)
+
+    def _error(self, line: bytes) -> None:
+        self._errors[:] = [*self._errors[-4:], line.decode(errors="replace")]
+
+    def _command(self, command: str, *replies: Reply) -> None:
+        """Send one tmux command; ``replies`` take its reply block and those of the commands
+        it inserts (``if-shell``'s branch), in order."""
+        with self._write_lock:
+            if self._closed:
+                raise SandboxLost("the terminal session is closed")
+            self._replies.extend(replies)
+            try:
+                self.channel.write(command.encode() + b"\n")
+            except OSError as e:
+                raise SandboxLost(f"the terminal session ended: {e}") from e
+
+    @staticmethod
+    def _ignore(lines: list[bytes], ok: bool) -> None:
+        """A reply with nothing to use (an error's lines are kept by `_block_line`)."""
+
+    # -- start: the session's pane
+    def _begin(self) -> None:
+        self._command(f"display-message -p -t {SESSION_NAME} '#{{pane_id}} #{{pane_pid}}'",
+                      self._on_pane)
+
+    def _on_pane(self, lines: list[bytes], ok: bool) -> None:
+        pane, _, pid = (lines[0] if ok and lines else b"").partition(b" ")
+        if not (pane.startswith(b"%") and pid.isdigit()):
+            self._error(b"tmux did not name the session's pane: " + b" | ".join(lines))
+            return
+        with self._cond:
+            self._pane, self._pane_pid = pane, int(pid)
+        self._check()
+
+    # -- doorbells and their checks
+    def _rang(self, claims: list[bytes]) -> None:
+        self._rung = True
+        for raw in claims:
+            claim = parse_claim(raw)
+            if claim is not None and self._shown.get(claim.pid) != claim.n:
+                self._pending.pop(raw, None)
+                self._pending[raw] = claim
+                if len(self._pending) > MAX_PENDING_CLAIMS:
+                    del self._pending[next(iter(self._pending))]
+
+    def _after_rang(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        """After doorbells: read the truth here (`_truth_here`), or check the newest
+        pending claim in the sandbox (its answer checks the next); one check at a time,
+        none before the pane is known."""
+        while True:
+            with self._cond:
+                if self._checking or not self._pane_pid:
+                    return
+                here = self._proc_root is not None
+                if here and not self._rung:
+                    return
+                claim = None
+                if not here:
+                    if not self._pending:
+                        return
+                    claim = self._pending.popitem()[1]
+                    if self._shown.get(claim.pid) == claim.n:
+                        continue  # checked meanwhile
+                self._rung, self._checking = False, True
+            if not here:
+                self._check_in_sandbox(claim)
+                return
+            truth = self._truth_here()
+            if truth is None and self._shell_exe is None:
+                self._drop_root()  # it does not show the session's shell: check in the sandbox
+                continue
+            with self._cond:
+                self._pending.clear()
+            self._settle(truth)
+
+    def _check_in_sandbox(self, claim: Claim) -> None:
+        nonce = secrets.token_hex(8)
+        try:
+            self._command(_check_command(self._pane_pid, claim, nonce), self._checked_shell,
+                          functools.partial(self._checked, claim, b"trsi-yes-" + nonce.encode()))
+        except SandboxLost:
+            with self._cond:
+                self._checking = False
+
+    def _checked_shell(self, lines: list[bytes], ok: bool) -> None:
+        """``if-shell``'s own reply; when it failed no branch follows (its reply is void)."""
+        if not ok and self._replies:
+            self._replies.popleft()([], False)
+
+    def _checked(self, claim: Claim, yes: bytes, lines: list[bytes], ok: bool) -> None:
+        self._settle(claim if ok and lines == [yes] else None)
+        self._check()
+
+    def _drop_root(self) -> None:
+        """Stop reading ``proc_root`` (checks run in the sandbox from now on)."""
+        with self._cond:
+            fd, self._root_fd, self._proc_root = self._root_fd, None, None
+            self._checking = False
+        if fd is not None:
+            os.close(fd)
+
+    def _truth_here(self) -> Claim | None:
+        """The same facts as `_check_command`, read from here, without a claim to test: the
+        pane's foreground process group, and the claim in its leader's comm when it is the
+        leader's own (its pid) and the leader runs the session's bash. A doorbell only
+        says when to look, so a flood of forged ones cannot hide the real one. The first
+        one read must be the session's bash at its first prompt (else None, and the caller
+        stops reading here: ``proc_root`` is not this sandbox's)."""
+        try:
+            if self._root_fd is None:
+                self._root_fd = os.open(self._proc_root, os.O_PATH | os.O_DIRECTORY)
+            stat = _read_at(self._root_fd, f"proc/{self._pane_pid}/stat")
+            fg = int(stat[stat.rindex(b")") + 2:].split()[5])
+            claim = parse_claim(_read_at(self._root_fd, f"proc/{fg}/comm").rstrip(b"\n"))
+            if claim is None or claim.pid != fg:
+                return None
+            exe = os.stat(f"proc/{fg}/exe", dir_fd=self._root_fd)
+        except (OSError, ValueError, IndexError):
+            return None
+        if self._shell_exe is None and fg == self._pane_pid:
+            # the first prompt (nothing typed yet): the session's own bash, whose binary
+            # every later claim's process must run
+            self._shell_exe = (exe.st_dev, exe.st_ino)
+        return claim if (exe.st_dev, exe.st_ino) == self._shell_exe else None
+
+    def _settle(self, claim: Claim | None) -> None:
+        """A check's answer: a claim that held (else None). The prompts its shell showed
+        since its last checked claim count, and its status is ``exit_code``."""
+        with self._cond:
+            self._checking = False
+            if claim is not None:
+                before = self._shown.get(claim.pid, 0)
+                self._shown[claim.pid] = claim.n
+                # a lower number: that pid runs a new shell (exec bash) or the count wrapped
+                self._prompts += claim.n - before if claim.n >= before else claim.n
+                self._last_status = claim.status
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        super().close()
+        fd, self._root_fd = self._root_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    # -- keys
     def send(self, keystrokes: str) -> None:
         check_keystrokes(keystrokes)
         if not self.alive:
             raise SandboxLost("the terminal session's shell has exited")
+        target = self._pane.decode()
         if is_key_name(keystrokes):
-            self._write(f"send-keys -t {SESSION_NAME} {keystrokes}\n".encode())
+            self._keys(f"send-keys -t {target} {keystrokes}")
             return
         data = keystrokes.encode().replace(b"\n", b"\r")  # Enter sends CR, as keyboards do
         for i in range(0, len(data), HEX_CHUNK):
             hexes = " ".join(f"{b:02x}" for b in data[i:i + HEX_CHUNK])
-            self._write(f"send-keys -t {SESSION_NAME} -H {hexes}\n".encode())
+            self._keys(f"send-keys -t {target} -H {hexes}")
+
+    def _keys(self, command: str) -> None:
+        with self._cond:  # quiet is measured from the keys sent, too (their echo follows)
+            self._last_output = time.monotonic()
+        self._command(command, self._ignore)
 
 
 def new_token() -> str:
     return secrets.token_hex(8)
 
 
-__all__ = ["Channel", "SessionOutput", "StreamSession", "TerminalSession", "TmuxSession",
-           "expected_prompts", "is_key_name", "new_token", "session_keystrokes", "shell_env",
-           "terminal_text", "tmux_argv"]
+__all__ = ["Channel", "Claim", "SessionOutput", "StreamSession", "TerminalSession",
+           "TmuxSession", "expected_prompts", "is_key_name", "new_token", "parse_claim",
+           "session_keystrokes", "shell_env", "terminal_text", "tmux_argv"]

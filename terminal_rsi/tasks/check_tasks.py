@@ -4,10 +4,11 @@ protected verifier.
 A task passes when its reference solution is strictly successful (S = 1, P = N) and N equals
 the task's expected check count (if it declares one). Every task gets one of `VERDICTS`:
 PASS, FAIL (the verdict says no; the reason names it, with the reference solution's exit
-status and output tail when it failed), UNAVAILABLE (this machine or backend cannot provide
-the environment: a base image or the engine missing, paths a local sandbox cannot honour)
-or ERROR (the task is broken: it does not load, its image does not build, its verifier
-crashes). One task never stops the run. `check_task` checks one task and returns
+status and output tail when it failed: a verifier that timed out or crashed after its tests
+began is a FAIL with its reason, as Harbor and Terminal-Bench score it), UNAVAILABLE (this
+machine or backend cannot provide the environment: a base image or the engine missing, paths
+a local sandbox cannot honour) or ERROR (the task is broken: it does not load, its image
+does not build, its verifier cannot start). One task never stops the run. `check_task` checks one task and returns
 a row of the pass/fail table; `load_tasks` gives the tasks to check (a task directory that
 fails to load is an entry of its own, `format_error_row` makes its row). The experiment
 "verify_tasks" (`terminal_rsi.experiments.verify_tasks`) runs them over a suite, prints the
@@ -125,7 +126,7 @@ def _verdict_row(task: Task, res, solution: str, allow_network: bool) -> dict:
     else:
         ok = rep.S == 1 and rep.valid and rep.P == rep.N and (
             task.expected_checks is None or rep.N == task.expected_checks)
-    why = "" if ok else ("S=0" if not rep.S else rep.reason or
+    why = "" if ok else (rep.reason if res.failure else "S=0" if not rep.S else rep.reason or
                          (f"N={rep.N} != expected {task.expected_checks}"
                           if rep.N != task.expected_checks else "P<N"))
     notes = [solution] if solution else []

@@ -26,7 +26,9 @@ models/trial/paths.py):
 * tests/ is uploaded to /tests and `bash /tests/test.sh` runs in the agent's container
   (mode "shared"; `[verifier] environment_mode`, or this project's `mode`, may say
   "separate") with `[verifier] env`; nothing in test.sh is rewritten. The verdict is
-  /logs/verifier/reward.txt or reward.json.
+  /logs/verifier/reward.txt or reward.json. The agent's processes are stopped before the
+  tests are placed unless this project's `[verifier] live = true` says the tests query a
+  service the agent left running (`VerifierSpec.live`).
 * The oracle uploads solution/ to /solution and runs `bash /solution/solve.sh` with
   DEBIAN_FRONTEND=noninteractive and `[solution] env`.
 * `${VAR}` / `${VAR:-default}` values of those env tables name variables of the host Harbor
@@ -82,7 +84,7 @@ _USED = {
     "": {"version", "schema_version", "source", "task", "metadata", "verifier", "agent",
          "environment", "solution"},
     "task": {"name", "keywords", "description", "authors"},
-    "verifier": {"timeout_sec", "env", "mode", "environment_mode"},
+    "verifier": {"timeout_sec", "env", "mode", "environment_mode", "live"},
     "agent": {"timeout_sec"},
     "environment": {"build_timeout_sec", "docker_image", "cpus", "memory_mb", "memory",
                     "storage_mb", "storage", "gpus", "env", "workdir", "allow_internet",
@@ -296,8 +298,12 @@ def _verifier(td: _files.TaskDir, ver: dict, file: str, warnings: list[str]) -> 
                          budget=_files.TreeBudget(f"{td.path('tests')}/"))
     if "test.sh" not in tests:  # a link, a directory, ...: read it to say which
         td.read_bytes("tests/test.sh", "verifier")
+    live = ver.get("live", False)
+    if not isinstance(live, bool):
+        raise TaskFormatError(file, "verifier.live", "expected true or false (true: the "
+                              "tests query a service the agent left running)")
     return VerifierSpec(
-        kind="script", mode=_mode(ver, file), files=tests,
+        kind="script", mode=_mode(ver, file), files=tests, live=live,
         command=f"bash {TESTS_DIR}/test.sh", tests_dir=TESTS_DIR,
         timeout_s=_files.number(ver.get("timeout_sec"), file, "verifier.timeout_sec",
                                 default=DEFAULT_VERIFIER_TIMEOUT, hi=MAX_TIMEOUT_S),

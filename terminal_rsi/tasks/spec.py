@@ -352,7 +352,13 @@ class VerifierSpec:
       timeout_s: hard limit on the verifier run; running past it is a VerifierError.
       artifacts: workspace paths copied into the verifier sandbox in separate mode.
       env: extra environment for the verifier command.
-      check: for "builtin": `check(snapshot, run) -> list[CheckResult]` (see builtin.core).
+      check: for "builtin": `check(snapshot, run, processes) -> list[CheckResult]` (see
+        builtin.core): `processes` is what ran in the agent's sandbox as the host saw it
+        before the agent was stopped (`Sandbox.processes`; shared mode only, else ()).
+      live: shared mode only: the checks query a service the agent left running, so its
+        processes keep running while the verifier runs (default False: they are stopped
+        before the tests are placed). The tests, HOME and verdict still belong to the
+        verifier; what the live processes can still touch is listed in docs/tasks.md.
       tests_dir: the absolute path the tests go to (`TESTS_DIR` for Terminal-Bench and
         Harbor tasks, whose scripts name it); "": a fresh `.trsi_verifier_<hex>/tests`
         directory in the workspace ($TEST_DIR).
@@ -367,6 +373,7 @@ class VerifierSpec:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     check: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
     tests_dir: str = ""
+    live: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "files", _frozen_map(self.files))
@@ -392,6 +399,11 @@ class VerifierSpec:
         if not isinstance(self.command, str):
             raise TaskFormatError(where, "command", "expected a string")
         _check_env(self.env, where, "env")
+        if not isinstance(self.live, bool):
+            raise TaskFormatError(where, "live", f"expected a bool, got {_show(self.live)}")
+        if self.live and self.mode != "shared":
+            raise TaskFormatError(where, "live", "a live verifier checks the agent's running "
+                                  "environment: it needs mode='shared'")
         if self.kind == "builtin" and self.check is None:
             raise TaskFormatError(where, "check", "a builtin verifier needs a check function")
 

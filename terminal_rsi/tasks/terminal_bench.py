@@ -59,13 +59,14 @@ SOLUTION_SH = "solution.sh"
 DEFAULT_AGENT_TIMEOUT = 360.0
 DEFAULT_TEST_TIMEOUT = 60.0
 # Terminal-Bench's task.yaml keys (its Task model, and `descriptions`/`test_scripts` of
-# earlier releases), and this project's own (`family`, `expected_checks`)
+# earlier releases), and this project's own (`family`, `expected_checks`, `verifier_live`:
+# the tests query a service the agent left running, `VerifierSpec.live`)
 KNOWN_KEYS = {
     "instruction", "descriptions", "author_name", "author_email", "difficulty", "category",
     "tags", "parser_name", "max_agent_timeout_sec", "max_test_timeout_sec",
     "run_tests_in_same_shell", "disable_asciinema", "estimated_duration_sec",
     "expert_time_estimate_min", "junior_time_estimate_min", "test_scripts", "family",
-    "expected_checks",
+    "expected_checks", "verifier_live",
 }
 NETWORK_WARNING = (
     "Terminal-Bench runs the task's containers with network access; this loader runs it "
@@ -195,8 +196,12 @@ def _verifier(td: _files.TaskDir, cfg: dict, file: str, warnings: list[str]) -> 
     timeout = _files.number(cfg.get("max_test_timeout_sec"), file, "max_test_timeout_sec",
                             default=DEFAULT_TEST_TIMEOUT, hi=MAX_TIMEOUT_S)
     budget = _files.TreeBudget(f"{td.path('tests')}/ and {RUN_TESTS}")
+    live = cfg.get("verifier_live", False)
+    if not isinstance(live, bool):
+        raise TaskFormatError(file, "verifier_live", "expected true or false (true: the "
+                              "tests query a service the agent left running)")
     common = dict(mode="shared", tests_dir=TESTS_DIR, env={"TEST_DIR": TESTS_DIR},
-                  timeout_s=timeout)
+                  timeout_s=timeout, live=live)
     if not td.exists(RUN_TESTS):
         tests = _tests(td, budget, required=True)
         if not any(os.path.basename(p).startswith("test") and p.endswith(".py")

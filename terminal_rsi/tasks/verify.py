@@ -1,34 +1,54 @@
 """Protected verification (paper §2.1): run V_x on an episode's result, get a CTRF report.
 
-The verifier never exists in the agent's sandbox during the episode. After the episode:
+The verifier never exists in the agent's sandbox during the episode, and its verdict comes
+only from where the agent cannot write (docs/tasks.md, "Threat model of the verifier").
+After the episode:
 
-* **separate** mode (default): the declared artifacts (`verifier.artifacts`, the whole
-  workspace by default) are copied out of the agent's sandbox (`get_tar`) into a fresh
-  sandbox (`put_tar`) together with the tests; the verifier runs there. Nothing the
-  agent left running, and no file outside the artifacts, can influence it.
-* **shared** mode: the tests are copied into the agent's own sandbox after it finished
-  (for tasks whose checks need the agent's environment), then removed again.
+* **separate** mode: the declared artifacts (`verifier.artifacts`, the whole workspace by
+  default) are copied out of the agent's sandbox (`get_tar`) into a fresh sandbox
+  (`put_tar`) together with the tests; the verifier runs there. Nothing the agent left
+  running, and no file outside the artifacts, can influence it.
+* **shared** mode (tasks whose checks need the environment the agent left: Terminal-Bench
+  and Harbor tasks, the built-in terminal families): the agent's processes are stopped
+  first (its terminal session closed: everything it started dies), unless the task
+  declares that it checks a live service (`VerifierSpec.live`); the tests are then copied
+  into the agent's own sandbox, and removed again afterwards. A check that needs to know
+  what was still running gets the sandbox's process list as the host saw it before the
+  stop (`Sandbox.processes`), never a file the agent could delete.
+
+In both modes the workspace's compiled Python (``__pycache__``, ``*.pyc``) is dropped before
+any verifier command runs (a cache, never an artifact; a planted one would replace the code
+a check imports), and every verifier command starts with its own HOME and TMPDIR, fresh and
+outside the workspace, no user site-packages (`PROTECTED_ENV`).
 
 The tests go to a fresh, randomly named directory `.trsi_verifier_<hex>/` in the
-workspace (`$TEST_DIR`; logs and reports in `$TRSI_LOGS_DIR`); anything of that name
-the agent created is dropped first. Verifier kinds:
+workspace (`$TEST_DIR`; logs in `$TRSI_LOGS_DIR`); anything of that name the agent created
+is dropped first. Verifier kinds:
 
-* ``pytest``: `python3 -P -m pytest $TEST_DIR --ctrf $TRSI_LOGS_DIR/ctrf.json` with the
-  pytest-json-ctrf plugin (>= 0.6, pinned in setup.py). `-P`, `--rootdir`/`--confcutdir`
-  at the tests directory and `-p no:cacheprovider` keep workspace files (a planted
-  `pytest.py` or `conftest.py`) out of the test run. If the sandbox's python lacks pytest
-  or the plugin, the host's pure-Python pytest runtime is copied in (`pytest_runtime`).
-  S = (exit status == 0).
+* ``pytest``: the pytest-json-ctrf plugin (>= 0.6, pinned in setup.py) under an isolated
+  interpreter (``python3 -I``: no PYTHON* variables, no user site, no script directory on
+  sys.path; plugin autoloading off, `--rootdir`/`--confcutdir` at the tests, an ini file of
+  the verifier's). The CTRF report does not go to a file: `PYTEST_BOOT` hands the plugin the
+  command's original stdout, a pipe the host reads, kept from every process the tests start
+  (not inherited, the process not dumpable), and closes it with a record of pytest's exit
+  status and the ids it collected, under a per-run nonce. S = (exit status == 0), with the
+  report's tests equal to what was collected; a verdict file in the logs directory is
+  refused as planted. If the sandbox's python lacks pytest or the plugin, the host's
+  pure-Python pytest runtime is copied in (`pytest_runtime`).
 * ``script`` (Harbor's tests/test.sh): S comes from `reward.txt` / `reward.json` in
-  `$TRSI_LOGS_DIR` (S = 1{r >= 1}); P and N from `ctrf.json` there if the script wrote one
-  (otherwise the report is invalid and rewards fall back to S).
+  `$TRSI_LOGS_DIR` (S = 1{r >= 1}; both present and different is refused); P and N from
+  `ctrf.json` there if the script wrote one (otherwise the report is invalid and rewards fall
+  back to S).
+* ``terminal-bench``: run-tests.sh; its pytest -rA summary is the verdict.
 * ``builtin``: a Python check function over the artifacts (and commands run in the
   verifier sandbox); its results are written as a real CTRF document and parsed back.
 
-Every report goes through `terminal_rsi.rewards.parse_ctrf`. A verifier that runs past
-its timeout, is killed, crashes (pytest internal/usage error, no report and no reward
-where one is required) or whose sandbox fails raises `VerifierError`, which is not a
-score of 0: the episode has no verdict.
+Every report goes through `terminal_rsi.rewards.parse_ctrf`. A verifier that runs past its
+timeout, is killed, crashes or leaves no verdict after the tests began is a failing verdict
+(S = 0, `VerificationResult.failure` says which and why): code the agent wrote, or left
+behind, could have caused it. Only what the agent had no means to cause raises
+`VerifierError` (no verdict): a sandbox that fails, a verifier that cannot start, a
+built-in check that raises.
 """
 
 from __future__ import annotations
@@ -86,6 +106,58 @@ MIN_CTRF_VERSION = (0, 6)
 # pytest exit codes: 0 ok, 1 tests failed, 2 interrupted/collection errors, 3 internal
 # error, 4 usage error, 5 no tests collected. 3 and 4 mean the verifier itself is broken.
 PYTEST_CRASH_CODES = (3, 4)
+# How a verifier that began its tests can fail (VerificationResult.failure): each scores 0.
+FAILURES = ("timeout", "crash", "refused")
+# Every verifier command's environment in the workspace layout: no user site-packages, no
+# bytecode written; a built-in check's commands also keep the working directory (the
+# agent's workspace) off python's module path (a planted json.py would answer for json).
+PROTECTED_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+BUILTIN_ENV = {**PROTECTED_ENV, "PYTHONSAFEPATH": "1"}
+VERDICT_FILES = ("ctrf.json", "reward.txt", "reward.json")
+# Compiled Python in a workspace: dropped before verification (`_filter_tar`, `_SCRUB`).
+COMPILED_PYTHON = ("__pycache__", ".pyc")
+_SCRUB = (f"rm -rf ./{VERIFIER_DIR_PREFIX}* && find . -xdev \\( -name __pycache__ -o -name "
+          "'*.pyc' \\) -prune -exec rm -rf -- {} +")
+
+# The pytest kind's interpreter bootstrap (`python3 -I -c "$TRSI_PYTEST_BOOT" <pytest args>`):
+# it keeps the exec's stdout as the verdict channel (a non-inheritable descriptor; fd 1 then
+# points at stderr, so nothing else writes to the channel), makes the process non-dumpable
+# (no process of the same uid opens /proc/<pid>/fd or ptraces it), writes "<nonce>started"
+# once pytest is imported, writes the CTRF plugin's report (pytest-json-ctrf 0.6: its
+# `_report`, after the plugin's own session-finish hook, which saves to /dev/null) into the
+# channel, and closes it with "<nonce>{rc, collected}". The nonce comes from the environment
+# and leaves it before any test is collected.
+PYTEST_BOOT = r"""
+import ctypes, json, os, sys
+nonce = os.environ.pop("TRSI_VERDICT_NONCE", "")
+chan = os.dup(1)
+os.dup2(2, 1)
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
+runtime = os.environ.pop("TRSI_PYTEST_RUNTIME", "")
+if runtime:
+    sys.path.insert(0, runtime)
+import pytest
+def send(text):
+    data = text.encode()
+    while data:
+        data = data[os.write(chan, data):]
+send("\n" + nonce + "started\n")
+collected = []
+class Channel:
+    def pytest_collection_finish(self, session):
+        collected[:] = [item.nodeid for item in session.items]
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        plugin = session.config.pluginmanager.get_plugin("ctrf_plugin")
+        if plugin is not None and getattr(plugin, "_report", None):
+            send(json.dumps(plugin._report.get_report(), default=str))
+rc = int(pytest.main(sys.argv[1:] + ["--ctrf", os.devnull], plugins=[Channel()]))
+send("\n" + nonce + json.dumps({"rc": rc, "collected": collected}) + "\n")
+sys.exit(rc)
+"""
 
 
 class VerifierError(RuntimeError):
@@ -116,6 +188,9 @@ class VerificationResult:
       artifacts: raw files: "ctrf.json", "stdout.txt", "stderr.txt", "reward.txt"/"reward.json".
       mode: "separate" or "shared".
       duration_s: wall time of the whole verification (sandbox start included).
+      failure: "" when the verifier reached a verdict; otherwise how it failed after the
+        tests began ("timeout", "crash", "refused": a planted or inconsistent verdict),
+        which scores S = 0 with the reason in `report` (`FAILURES`).
     """
 
     task_id: str
@@ -127,6 +202,7 @@ class VerificationResult:
     artifacts: Mapping[str, bytes]
     mode: str
     duration_s: float
+    failure: str = ""
 
     @property
     def S(self) -> int:  # noqa: N802
@@ -432,16 +508,24 @@ def run_oracle(task: Task, sb, *, timeout: float | None = None):
 
 
 def _filter_tar(data: bytes, drop_prefix: str) -> bytes:
-    """Drop members under `drop_prefix*` (stale verifier dirs planted by the agent)."""
+    """Drop members under `drop_prefix*` (stale verifier dirs planted by the agent) and
+    compiled Python (`COMPILED_PYTHON`: a planted ``.pyc`` would run instead of the source a
+    check imports)."""
     src = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
     buf = io.BytesIO()
     with src, tarfile.open(fileobj=buf, mode="w") as dst:
         for m in src.getmembers():
-            top = posixpath.normpath(m.name).split("/", 1)[0]
-            if top.startswith(drop_prefix):
+            parts = posixpath.normpath(m.name).split("/")
+            if parts[0].startswith(drop_prefix) or is_compiled_python(parts):
                 continue
             dst.addfile(m, src.extractfile(m) if m.isreg() else None)
     return buf.getvalue()
+
+
+def is_compiled_python(parts: list[str]) -> bool:
+    """Whether a path (its components) is compiled Python: in a ``__pycache__`` directory,
+    or a ``.pyc`` file."""
+    return COMPILED_PYTHON[0] in parts or parts[-1].endswith(COMPILED_PYTHON[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -601,20 +685,27 @@ def pytest_runtime_tar() -> bytes:
     return _runtime_tar
 
 
-_PROBE = ("python3 -c 'import importlib.metadata as m, sys; "
+_PROBE = ("python3 -I -c 'import importlib.metadata as m, sys; "
           "v = tuple(int(x) for x in m.version(\"pytest-json-ctrf\").split(\".\")[:2]); "
           "import pytest; sys.exit(0 if v >= (0, 6) else 1)'")
 
 
-def _needs_runtime(sb, backend: str, policy: str) -> bool:
+def _needs_runtime(sb, backend: str, policy: str, fresh: bool) -> bool:
+    """Whether the host's pytest runtime must be copied into `sb` under `policy`. "auto"
+    asks the sandbox's isolated python (`_PROBE`); the answer is cached per backend and
+    image only from a `fresh` sandbox (separate mode): one the agent used could answer
+    falsely, and must not decide for other episodes."""
     if policy == "inject":
         return True
     if policy == "sandbox":
         return False
     key = (backend, sb.spec.image)
-    if key not in _probe_cache:
-        _probe_cache[key] = not sb.exec(_PROBE, timeout=30).ok
-    return _probe_cache[key]
+    if key in _probe_cache:
+        return _probe_cache[key]
+    needs = not sb.exec(_PROBE, timeout=30).ok
+    if fresh:
+        _probe_cache[key] = needs
+    return needs
 
 
 # ----------------------------------------------------------------------------- CTRF emitter
@@ -683,7 +774,8 @@ def verify(
 
     Args:
       task: the task.
-      sb: the agent's sandbox after the episode (read only in separate mode).
+      sb: the agent's sandbox after the episode (read only in separate mode; in shared mode
+        its terminal session is closed first unless the task's verifier is `live`).
       backend: backend for the fresh verifier sandbox (separate mode).
       mode: override the task's verifier mode ("separate" / "shared").
       hygiene: which checks are hygiene checks (excluded from P and N).
@@ -696,18 +788,23 @@ def verify(
         is set.
 
     Returns:
-      A VerificationResult whose report came through `parse_ctrf`.
+      A VerificationResult whose report came through `parse_ctrf`; a verifier that failed
+      after its tests began is a result with S = 0 and `failure` set.
 
     Raises:
-      VerifierError: timeout, crash or infrastructure failure (no verdict; not a 0).
+      VerifierError: no verdict, through nothing the agent could do (a sandbox that fails, a
+        verifier that cannot start, a built-in check that raises).
     """
     t0 = time.monotonic()
     ver = task.verifier
     mode = mode or ver.mode
     if mode not in ("separate", "shared"):
         raise ValueError(f"verifier mode {mode!r}; choose separate or shared")
+    if mode == "separate" and TERMINAL_TAG in task.metadata.tags:
+        raise ValueError(f"task {task.id} is tagged {TERMINAL_TAG!r}: its checks look at the "
+                         "environment the agent left (what still runs), which a fresh sandbox "
+                         "cannot see; verify it in mode 'shared' (its own)")
     vdir = f"{VERIFIER_DIR_PREFIX}_{uuid.uuid4().hex[:12]}"
-    test_dir, logs_dir = f"{vdir}/tests", f"{vdir}/logs"
     owned = None
     sandbox_kwargs = dict(sandbox_kwargs or {})
     allow_plain = sandbox_kwargs.pop("allow_plain", allow_plain)
@@ -715,10 +812,15 @@ def verify(
                    else plain_allowed(task, allow_plain))
     try:
         artifacts = None
+        processes = stop_agent(task, sb) if mode == "shared" else ()
+        scrubbed = False
 
         def verifier_sandbox():
-            nonlocal owned, artifacts
+            nonlocal owned, artifacts, scrubbed
             if mode == "shared":
+                if not scrubbed and not in_task_image(task):
+                    _scrub(sb)
+                    scrubbed = True
                 return sb
             if owned is None:
                 artifacts = collect_artifacts(task, sb) if artifacts is None else artifacts
@@ -731,21 +833,20 @@ def verify(
         if ver.kind == "builtin":
             # Checks read the artifacts directly; a sandbox is started only for commands.
             artifacts = collect_artifacts(task, sb)
-            result = _verify_builtin(task, verifier_sandbox, artifacts, hygiene)
+            result = _verify_builtin(task, verifier_sandbox, artifacts, hygiene, processes,
+                                     vdir)
         elif ver.tests_dir:
             result = _verify_in_task_paths(task, verifier_sandbox(), backend, hygiene,
-                                           pytest_runtime)
+                                           pytest_runtime, mode == "separate")
         else:
-            vsb = verifier_sandbox()
-            if mode == "shared":
-                vsb.exec(f"rm -rf ./{VERIFIER_DIR_PREFIX}*", timeout=30)
-            result = _verify_command(task, vsb, backend, vdir, test_dir, logs_dir,
-                                     hygiene, pytest_runtime)
+            result = _verify_command(task, verifier_sandbox(), backend, vdir, hygiene,
+                                     pytest_runtime, mode == "separate")
         return dataclasses.replace(result, mode=mode, duration_s=time.monotonic() - t0)
     except ArtifactsRefused as e:  # the agent's doing: a failing verdict
         report = VerificationReport.invalid(str(e), terminal_success=False)
         return VerificationResult(task.id, task.family, report, None, None, None,
-                                  types.MappingProxyType({}), mode, time.monotonic() - t0)
+                                  types.MappingProxyType({}), mode, time.monotonic() - t0,
+                                  "refused")
     except (SandboxError, EnvironmentUnavailable, EnvironmentBuildFailed) as e:
         # (the last two: a fresh verifier sandbox whose environment cannot start now)
         raise VerifierError("infrastructure", f"task {task.id}: sandbox failure during "
@@ -762,16 +863,60 @@ def verify(
                 pass
 
 
-def _verify_builtin(task: Task, get_sandbox, artifacts: bytes, hygiene: HygieneRule):
+def stop_agent(task: Task, sb) -> tuple:
+    """Before shared-mode verification: what ran in the agent's sandbox as the host saw it
+    (`Sandbox.processes`, for built-in checks that judge what was left running; () for
+    other kinds), then the agent's processes stopped (its terminal session closed, which
+    ends everything it started), unless the task's verifier is `live` (it checks a service
+    the agent left running)."""
+    processes = tuple(sb.processes()) if task.verifier.kind == "builtin" else ()
+    if not task.verifier.live:
+        end_session(sb)
+    return processes
+
+
+def end_session(sb) -> None:
+    """Close `sb`'s terminal session, if it has one: every process it started ends."""
+    session = getattr(sb, "session", None)
+    if session is not None:
+        session.close()
+
+
+def _scrub(sb) -> None:
+    """Shared mode in the workspace layout, before any verifier command: the agent's stale
+    verifier directories and its workspace's compiled Python removed (`_SCRUB`). A
+    workspace that cannot be cleaned is the agent's doing (ArtifactsRefused). (A task in
+    its own image keeps its files as its tools leave them: its tests and logs directories
+    are replaced, `_verify_in_task_paths`.)"""
+    r = sb.exec(_SCRUB, timeout=60)
+    if not r.ok:
+        raise ArtifactsRefused(f"the agent's workspace could not be prepared for "
+                               f"verification (exit {r.exit_code}): "
+                               f"{(r.stdout + r.stderr).strip()[-300:]}")
+
+
+def protected_command(command: str, vdir: str) -> str:
+    """`command` with the verifier's own HOME and TMPDIR: fresh directories under the
+    sandbox's temporary directory, named after the verification (`vdir`), outside the
+    workspace (so no ``~/.local`` site-packages, shell start-up file or config the agent
+    left in its workspace is read)."""
+    return (f'_trsi_v="${{TMPDIR:-/tmp}}/{vdir}"; export HOME="$_trsi_v/home" '
+            'TMPDIR="$_trsi_v/tmp"; unset _trsi_v; mkdir -p -m 0700 -- "$HOME" "$TMPDIR" '
+            f"|| exit 125; {command}")
+
+
+def _verify_builtin(task: Task, get_sandbox, artifacts: bytes, hygiene: HygieneRule,
+                    processes: tuple, vdir: str):
     snapshot = Snapshot.from_tar(artifacts)
 
     def run(cmd: str, timeout: float = 30.0):
-        r = get_sandbox().exec(cmd, timeout=min(timeout, task.verifier.timeout_s))
-        return r
+        return get_sandbox().exec(protected_command(cmd, vdir),
+                                  timeout=min(timeout, task.verifier.timeout_s),
+                                  env=BUILTIN_ENV)
 
     start = int(time.time() * 1000)
     try:
-        checks = list(task.verifier.check(snapshot, run))
+        checks = list(task.verifier.check(snapshot, run, processes))
     except (VerifierError, ArtifactsRefused):
         raise
     except Exception as e:  # noqa: BLE001 - a broken check is a verifier crash, not a 0
@@ -812,15 +957,19 @@ def _log_files(vsb, logs_dir: str) -> dict[str, bytes]:
     return {name: d for name, d in logs.files().items() if "/" not in name}
 
 
-_PYTEST_CMD = ('python3 -P -m pytest -q -rA -p no:cacheprovider -c "$TRSI_PYTEST_INI" '
-               '--rootdir="$TEST_DIR" --confcutdir="$TEST_DIR" '
-               '--ctrf "$TRSI_LOGS_DIR/ctrf.json" {args} "$TEST_DIR"')
+# The pytest kind's command: `PYTEST_BOOT` under an isolated interpreter, pytest's
+# configuration from the tests' pytest.ini or an empty one of the verifier's.
+_PYTEST_CMD = ('python3 -I -c "$TRSI_PYTEST_BOOT" -q -rA -p no:cacheprovider -p ctrf.main '
+               '-c "$TRSI_PYTEST_INI" --rootdir="$TEST_DIR" --confcutdir="$TEST_DIR" '
+               '{args} "$TEST_DIR"')
 
 
-def _verify_command(task, vsb, backend, vdir, test_dir, logs_dir, hygiene, pytest_runtime):
+def _verify_command(task, vsb, backend, vdir, hygiene, pytest_runtime, fresh):
     """The workspace layout: tests in a fresh `.trsi_verifier_<hex>/tests` ($TEST_DIR), logs
-    and reports in `$TRSI_LOGS_DIR` beside it."""
+    and reports in `$TRSI_LOGS_DIR` beside it; the command runs with the verifier's own HOME
+    and TMPDIR (`protected_command`)."""
     ver = task.verifier
+    test_dir, logs_dir = f"{vdir}/tests", f"{vdir}/logs"
     files = {f"{test_dir}/{p}": d for p, d in ver.files.items()}
     files[f"{logs_dir}/.keep"] = b""
     # pytest's configuration comes from the tests (their pytest.ini) or an empty one of the
@@ -833,14 +982,16 @@ def _verify_command(task, vsb, backend, vdir, test_dir, logs_dir, hygiene, pytes
     env = _pytest_env(vsb, backend, pytest_runtime, tests=f"{vsb.workdir}/{test_dir}",
                       logs=f"{vsb.workdir}/{logs_dir}", ini=f"{vsb.workdir}/{ini}",
                       runtime_dir=f"{vdir}/pylib",
-                      env={"TRSI_WORKSPACE": vsb.workdir, **dict(ver.env)})
+                      env={"TRSI_WORKSPACE": vsb.workdir, **dict(ver.env)},
+                      boot=ver.kind == "pytest", fresh=fresh)
     if ver.kind != "pytest":  # a script's own pytest run: the same configuration rule
         env.setdefault("PYTEST_ADDOPTS", f"-c {vsb.workdir}/{ini}")
     command = _PYTEST_CMD.format(args=ver.command) if ver.kind == "pytest" else ver.command
-    return _run_verifier(task, vsb, command, env, logs_dir, hygiene)
+    return _run_verifier(task, vsb, protected_command(command, vdir),
+                         {**env, **PROTECTED_ENV}, logs_dir, hygiene)
 
 
-def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
+def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime, fresh):
     """The task's own layout (Terminal-Bench, Harbor): the tests go to `tests_dir` (/tests),
     an empty `VERIFIER_LOGS_DIR` (/logs/verifier) is made, and the verifier command runs in
     the task's working directory with the verifier's environment; nothing is rewritten.
@@ -861,23 +1012,28 @@ def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime):
     if ver.kind == "pytest":
         env = _pytest_env(vsb, backend, pytest_runtime, tests=tests, logs=VERIFIER_LOGS_DIR,
                           ini=f"{tests}/pytest.ini", runtime_dir=TASK_PYTEST_RUNTIME_DIR,
-                          env=env)
+                          env=env, boot=True, fresh=fresh)
         command = _PYTEST_CMD.format(args=ver.command)
     return _run_verifier(task, vsb, command, env, VERIFIER_LOGS_DIR, hygiene)
 
 
 def _pytest_env(vsb, backend: str, policy: str, *, tests: str, logs: str, ini: str,
-                runtime_dir: str, env: Mapping[str, str]) -> dict[str, str]:
+                runtime_dir: str, env: Mapping[str, str], boot: bool, fresh: bool
+                ) -> dict[str, str]:
     """The environment of the verifier's pytest in either layout: where its tests, logs and
-    configuration are, then `env`, then the host's pytest runtime (copied to `runtime_dir`,
-    relative to the workspace or absolute) on PYTHONPATH when the sandbox's python lacks it
-    (`_needs_runtime` under `policy`)."""
+    configuration are, the bootstrap, then `env`, then the host's pytest runtime (copied to
+    `runtime_dir`, relative to the workspace or absolute; on PYTHONPATH for a script's own
+    pytest, and `TRSI_PYTEST_RUNTIME` for the bootstrap, whose -I ignores PYTHONPATH) when
+    the sandbox's python lacks it (`_needs_runtime` under `policy`)."""
     out = {"TEST_DIR": tests, "TRSI_LOGS_DIR": logs, "TRSI_PYTEST_INI": ini,
            "PYTHONDONTWRITEBYTECODE": "1", **env}
-    if _needs_runtime(vsb, backend, policy):
+    if boot:  # the pytest kind: the bootstrap, and only the plugins it names
+        out.update(TRSI_PYTEST_BOOT=PYTEST_BOOT, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    if _needs_runtime(vsb, backend, policy, fresh):
         _place(lambda t: vsb.put_tar(t, dest=runtime_dir), pytest_runtime_tar(),
                "the verifier's pytest runtime")
-        out["PYTHONPATH"] = posixpath.join(vsb.workdir, runtime_dir)
+        out["PYTHONPATH"] = out["TRSI_PYTEST_RUNTIME"] = posixpath.join(vsb.workdir,
+                                                                         runtime_dir)
     return out
 
 
@@ -897,63 +1053,122 @@ def _task_paths_tar(tests: str, files: Mapping[str, bytes]) -> bytes:
 
 
 def _run_verifier(task, vsb, command, env, logs_dir, hygiene) -> VerificationResult:
-    """Run the verifier command and turn what it left in `logs_dir` into a verdict
-    (`_verdict`; Terminal-Bench's verdict is its output alone)."""
+    """Run the verifier command and turn what it left into a verdict (`_verdict`; the pytest
+    kind's comes through its channel, `_pytest_verdict`; Terminal-Bench's is its output)."""
     ver = task.verifier
+    nonce = f"TRSI-VERDICT-{uuid.uuid4().hex}:" if ver.kind == "pytest" else ""
+    if nonce:
+        env = {**env, "TRSI_VERDICT_NONCE": nonce}
     r = vsb.exec(command, timeout=ver.timeout_s, env=env)
+    end_session(vsb)  # a live task's agent processes end before its verdict files are read
     arts = {"stdout.txt": _encode(r.stdout), "stderr.txt": _encode(r.stderr)}
     logs = {} if ver.kind == "terminal-bench" else _log_files(vsb, logs_dir)
-    ctrf_raw = logs.get("ctrf.json")
-    if ctrf_raw is not None:
-        arts["ctrf.json"] = ctrf_raw
-    reward_raw = None
-    for name in ("reward.json", "reward.txt"):  # Harbor reads reward.json first
-        raw = logs.get(name)
-        if raw is not None:
-            arts[name] = raw
-            reward_raw = (name, raw)
-            break
-    arts = types.MappingProxyType(arts)
+    arts.update((name, raw) for name, raw in logs.items() if name in VERDICT_FILES)
     if r.timed_out:
-        raise VerifierError("timeout", f"task {task.id}: the verifier ran past its "
-                            f"{ver.timeout_s:g} s timeout", arts)
+        return _failed(task, "timeout", f"the verifier ran past its {ver.timeout_s:g} s "
+                       "timeout", arts, r.exit_code)
+    if ver.kind == "pytest":
+        return _pytest_verdict(task, r, nonce, logs, arts, hygiene)
     if r.exit_code < 0:
-        raise VerifierError("crash", f"task {task.id}: the verifier was killed by signal "
-                            f"{-r.exit_code}", arts)
-    return _verdict(task, r, ctrf_raw, reward_raw, arts, hygiene)
+        return _failed(task, "crash", f"the verifier was killed by signal {-r.exit_code}",
+                       arts, r.exit_code)
+    return _verdict(task, r, logs, arts, hygiene)
 
 
-def _verdict(task, r, ctrf_raw, reward_raw, arts, hygiene) -> VerificationResult:
-    """S from the verifier kind's own rule; P and N from the CTRF report (Terminal-Bench's:
-    made from pytest's -rA summary)."""
+def _failed(task, failure: str, reason: str, arts: Mapping[str, bytes],
+            exit_code: int | None = None) -> VerificationResult:
+    """A verifier that failed after its tests began: S = 0, the reason in the report."""
+    report = VerificationReport.invalid(f"verifier {failure}: {reason}",
+                                        terminal_success=False)
+    return VerificationResult(task.id, task.family, report, exit_code, None, None,
+                              types.MappingProxyType(dict(arts)), "", 0.0, failure)
+
+
+def read_channel(stdout: str, nonce: str) -> tuple[bool, str | None, dict | None]:
+    """(started, CTRF text, closing record) from a pytest verifier's channel (`PYTEST_BOOT`):
+    started False when pytest never ran; CTRF None when nothing came between the records;
+    the record None when the process ended without writing it (or it is unreadable)."""
+    parts = stdout.split("\n" + nonce)
+    started = len(parts) > 1 and parts[1].startswith("started\n")
+    if not started:
+        return False, None, None
+    ctrf = parts[1][len("started\n"):].strip() or None
+    record = None
+    if len(parts) == 3:
+        try:
+            record = json.loads(parts[2])
+        except ValueError:
+            record = None
+    if not isinstance(record, dict) or not isinstance(record.get("rc"), int) or not \
+            isinstance(record.get("collected"), list):
+        record = None
+    return True, ctrf, record
+
+
+def _pytest_verdict(task, r, nonce, logs, arts, hygiene) -> VerificationResult:
+    """The pytest kind's verdict from its channel: pytest's exit status as it returned it
+    (equal to the command's), the CTRF report that came through the channel, whose tests are
+    what pytest collected. What the tests could have caused scores 0 (`_failed`); a pytest
+    that never started is a VerifierError."""
+    tail = (r.stdout + r.stderr).strip()[-800:]
+    started, ctrf, record = read_channel(r.stdout, nonce)
+    if not started:
+        raise VerifierError("crash", f"task {task.id}: the verifier's pytest could not start "
+                            f"(exit {r.exit_code}): {tail}", arts)
+    if ctrf is not None:
+        arts = {**arts, "ctrf.json": _encode(ctrf)}
+    planted = sorted(set(logs) & set(VERDICT_FILES))
+    if record is None:
+        return _failed(task, "crash", f"pytest ended (exit {r.exit_code}) without its closing "
+                       "record: killed, or code the tests ran ended the process", arts,
+                       r.exit_code)
+    if planted:
+        return _failed(task, "refused", f"verdict files {planted} appeared in the logs "
+                       "directory, where this verifier writes none (written by code the "
+                       "tests ran)", arts, r.exit_code)
+    if record["rc"] != r.exit_code:
+        return _failed(task, "refused", f"the command exited {r.exit_code}, pytest returned "
+                       f"{record['rc']}", arts, r.exit_code)
+    if record["rc"] in PYTEST_CRASH_CODES or ctrf is None:
+        return _failed(task, "crash", f"pytest exited {record['rc']}"
+                       f"{' without a CTRF report' if ctrf is None else ''}: {tail}", arts,
+                       r.exit_code)
+    terminal = success_from_exit_code(record["rc"])
+    report = parse_report_bytes(_encode(ctrf), terminal_success=terminal, hygiene=hygiene)
+    if report.valid and record["rc"] in (0, 1):
+        names = sorted({str(t.get("name")) for t in json.loads(ctrf)["results"]["tests"]})
+        if names != sorted(set(record["collected"])):
+            return _failed(task, "refused", f"the CTRF report's {len(names)} tests are not "
+                           f"the {len(set(record['collected']))} pytest collected", arts,
+                           r.exit_code)
+    ctrf_obj = json.loads(ctrf) if report.valid else None
+    return VerificationResult(task.id, task.family, report, r.exit_code, None, ctrf_obj,
+                              types.MappingProxyType(arts), "", 0.0)
+
+
+def _verdict(task, r, logs, arts, hygiene) -> VerificationResult:
+    """A script's verdict (Harbor: the reward file; P and N from its ctrf.json) or
+    Terminal-Bench's (pytest's -rA summary). No verdict scores 0 (`_failed`)."""
     ver = task.verifier
     tail = (r.stdout + r.stderr).strip()[-800:]
     reward = None
-    if ver.kind == "pytest":
-        if r.exit_code in PYTEST_CRASH_CODES or ctrf_raw is None:
-            raise VerifierError("crash", f"task {task.id}: pytest exited {r.exit_code} "
-                                f"{'without a CTRF report' if ctrf_raw is None else ''}: "
-                                f"{tail}", arts)
-        terminal = success_from_exit_code(r.exit_code)
-    elif ver.kind == "terminal-bench":
+    ctrf_raw = logs.get("ctrf.json")
+    if ver.kind == "terminal-bench":
         results = pytest_summary_results(r.stdout + "\n" + r.stderr)
         if results is None:
-            raise VerifierError("crash", f"task {task.id}: {ver.command!r} exited "
-                                f"{r.exit_code} without pytest's short test summary (-rA), "
-                                f"which is Terminal-Bench's verdict: {tail}", arts)
+            return _failed(task, "crash", f"{ver.command!r} exited {r.exit_code} without "
+                           "pytest's short test summary (-rA), which is Terminal-Bench's "
+                           f"verdict: {tail}", arts, r.exit_code)
         checks = [CheckResult(name, passed) for name, passed in results.items()]
         terminal = all(results.values())  # Terminal-Bench: resolved iff every test passed
         ctrf_raw = json.dumps(ctrf_document(checks, tool="pytest -rA")).encode()
-        arts = types.MappingProxyType({**arts, "ctrf.json": ctrf_raw})
+        arts = {**arts, "ctrf.json": ctrf_raw}
     else:
-        if reward_raw is None:
-            raise VerifierError("crash", f"task {task.id}: the verifier script exited "
-                                f"{r.exit_code} without writing reward.txt or reward.json: "
-                                f"{tail}", arts)
-        reward = parse_reward_value(reward_raw[1])
-        if reward is None:
-            raise VerifierError("crash", f"task {task.id}: unreadable {reward_raw[0]}: "
-                                f"{reward_raw[1][:200]!r}", arts)
+        reward, why = script_reward(logs)
+        if why:
+            return _failed(task, "crash" if reward is None else "refused",
+                           f"the verifier script exited {r.exit_code}: {why}: {tail}", arts,
+                           r.exit_code)
         terminal = success_from_reward(reward)
     ctrf_obj = None
     if ctrf_raw is not None:
@@ -964,7 +1179,25 @@ def _verdict(task, r, ctrf_raw, reward_raw, arts, hygiene) -> VerificationResult
         report = VerificationReport.invalid("the verifier wrote no CTRF report (ctrf.json)",
                                             terminal_success=terminal)
     return VerificationResult(task.id, task.family, report, r.exit_code, reward, ctrf_obj,
-                              arts, "", 0.0)
+                              types.MappingProxyType(arts), "", 0.0)
+
+
+def script_reward(logs: Mapping[str, bytes]) -> tuple[float | None, str]:
+    """(reward, "") from a script verifier's reward.txt or reward.json, or (None or the
+    reward, why it is not a verdict): neither written, unreadable, or both written with
+    different values (a second writer: one of them came from code the script ran)."""
+    values = {}
+    for name in ("reward.txt", "reward.json"):
+        if name in logs:
+            values[name] = parse_reward_value(logs[name])
+            if values[name] is None:
+                return None, f"unreadable {name}: {logs[name][:200]!r}"
+    if not values:
+        return None, "no reward.txt or reward.json written"
+    if len(set(values.values())) > 1:
+        return 0.0, (f"reward.txt says {values['reward.txt']:g} and reward.json "
+                     f"{values['reward.json']:g}")
+    return next(iter(values.values())), ""
 
 
 # Terminal-Bench's pytest parser: the lines after pytest's "short test summary info" banner

@@ -17,6 +17,7 @@ from terminal_rsi.agent.harness import (
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rsr.discovery import executed_commands
 from terminal_rsi.tasks import get_suite
+from terminal_rsi.tasks.builtin import make_task
 
 TOK = ByteTokenizer()
 SESSION = HarnessConfig(max_turns=6, terminal="session")
@@ -84,10 +85,15 @@ def test_session_prompt_verify_mode_and_validation():
     assert SESSION.system_text == SESSION_SYSTEM_PROMPT
     assert HarnessConfig().system_text != SESSION_SYSTEM_PROMPT
     assert HarnessConfig(terminal="session", system_prompt="mine").system_text == "mine"
-    assert SESSION.verifier_mode(task) == "shared"
-    assert HarnessConfig().verifier_mode(task) == task.verifier.mode == "separate"
-    assert HarnessConfig(terminal="session", verify_mode="separate").verifier_mode(task) \
-        == "separate"
+    # a session episode is verified where its task says (its processes stopped first)
+    assert SESSION.verifier_mode(task) == task.verifier.mode == "separate"
+    assert HarnessConfig().verifier_mode(task) == "separate"
+    assert HarnessConfig(terminal="session", verify_mode="shared").verifier_mode(task) \
+        == "shared"
+    # a terminal task's checks look at what the agent left: never a fresh sandbox
+    term_task = make_task("interrupt_and_redo", 0)
+    assert HarnessConfig(terminal="session", verify_mode="separate").verifier_mode(
+        term_task) == "shared"
     with pytest.raises(ValueError, match="terminal"):
         HarnessConfig(terminal="tty")
     with pytest.raises(ValueError, match="verify_mode"):

@@ -236,13 +236,15 @@ def test_harbor_reward_json_without_ctrf(tmp_path):
     ("echo no reward here\n", "crash"),
     ("kill -9 $$\n", "crash"),
 ])
-def test_verifier_failures_are_typed(tmp_path, script, kind):
+def test_verifier_failures_score_zero_with_their_kind(tmp_path, script, kind):
+    """A verifier that runs past its timeout, is killed or leaves no verdict after its tests
+    began could have been made to by the agent's code: S = 0, kept, with the reason."""
     root = write(tmp_path / "h", harbor_files(**{
         "tests/test.sh": "#!/bin/bash\n" + script,
         "task.toml": "[verifier]\ntimeout_sec = 2\n"}))
-    with pytest.raises(VerifierError) as e:
-        run_reference(_harbor_ws(root), backend="local-plain", sandbox_kwargs=PLAIN)
-    assert e.value.kind == kind
+    r = run_reference(_harbor_ws(root), backend="local-plain", sandbox_kwargs=PLAIN)
+    assert (r.S, r.P, r.failure) == (0, 0, kind), r
+    assert f"verifier {kind}" in r.report.reason and "stdout.txt" in r.artifacts
 
 
 def test_pytest_usage_error_is_crash(tmp_path):
@@ -252,9 +254,8 @@ def test_pytest_usage_error_is_crash(tmp_path):
     task = workspace_task(load_terminal_bench_task(root))
     bad = dataclasses.replace(task, verifier=dataclasses.replace(
         task.verifier, command="--no-such-option"))
-    with pytest.raises(VerifierError) as e:
-        run_reference(bad, backend="local-plain", sandbox_kwargs=PLAIN)
-    assert e.value.kind == "crash"
+    r = run_reference(bad, backend="local-plain", sandbox_kwargs=PLAIN)
+    assert (r.S, r.failure) == (0, "crash") and "pytest exited 4" in r.report.reason
 
 
 @pytest.mark.parametrize("ctrf,problem", [
@@ -387,7 +388,8 @@ def test_docker_tests_and_logs_left_by_the_agent_are_replaced(tb_dir, harbor_dir
 ])
 def test_docker_verifier_failures_are_typed(tmp_path, fmt, script, kind):
     """In the real layout too, a verifier that runs past its timeout, or leaves no verdict
-    (no reward file; no pytest summary), is a VerifierError, never a score of 0."""
+    (no reward file; no pytest summary), scores 0 with its kind (as Harbor and Terminal-
+    Bench score it), never a dropped episode."""
     need_task_image()
     if fmt == "harbor":
         task = load_harbor_task(write(tmp_path / "h", harbor_files(**{
@@ -397,24 +399,28 @@ def test_docker_verifier_failures_are_typed(tmp_path, fmt, script, kind):
         task = load_terminal_bench_task(write(tmp_path / "t", tb_files(**{
             "run-tests.sh": "#!/bin/bash\n" + script,
             "task.yaml": "instruction: x\nmax_test_timeout_sec: 2\n"})))
-    with pytest.raises(VerifierError) as e:
-        run_reference(task, backend="docker")
-    assert e.value.kind == kind, e.value
+    r = run_reference(task, backend="docker")
+    assert (r.S, r.P, r.failure) == (0, 0, kind), r
 
 
-@pytest.mark.parametrize("reward_json,reward_txt,S", [
-    ('{"reward": 0.0}', "1", 0),
-    ('{"reward": 1.0}', "0", 1),
+@pytest.mark.parametrize("reward_json,reward_txt,S,failure", [
+    ('{"reward": 0.0}', "1", 0, "refused"),
+    ('{"reward": 1.0}', "0", 0, "refused"),
+    ('{"reward": 1.0}', "1", 1, ""),
 ])
-def test_docker_harbor_reads_reward_json_before_reward_txt(tmp_path, reward_json,
-                                                           reward_txt, S):
+def test_docker_harbor_reward_files_must_agree(tmp_path, reward_json, reward_txt, S,
+                                               failure):
+    """reward.txt and reward.json written with different values mean a second writer (code
+    the script ran): refused, S = 0; the same value in both is the verdict."""
     need_task_image()
     script = (f"#!/bin/bash\necho '{reward_json}' > /logs/verifier/reward.json\n"
               f"echo {reward_txt} > /logs/verifier/reward.txt\n")
     task = load_harbor_task(write(tmp_path / "h", harbor_files(**{"tests/test.sh": script})))
     r = run_reference(task, backend="docker")
-    assert r.S == S and r.reward == float(S)
+    assert (r.S, r.failure) == (S, failure), r.report.reason
     assert json.loads(r.artifacts["reward.json"]) == json.loads(reward_json)
+    if failure:
+        assert "reward.txt says" in r.report.reason
 
 
 def test_docker_a_reward_only_harbor_task_passes_check_task(tmp_path):

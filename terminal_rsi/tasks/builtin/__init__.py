@@ -71,12 +71,13 @@ def instance(family: str, seed: int) -> Instance:
 
 def make_task(family: str, seed: int) -> Task:
     """A `Task` for one built-in instance; its verifier is the built-in CTRF emitter.
-    A terminal family's task is tagged "terminal" and verified in mode "shared"."""
+    A terminal family's task is tagged "terminal" and verified in mode "shared" (`live` when
+    its checks query a service the agent left running)."""
     fam = _family(family)
     terminal = family in TERMINAL_FAMILIES
     inst = instance(family, seed)
     check = BuiltinCheck(family, int(seed))
-    n_checks = len(inst.checks(EmptySnapshot(), no_run))
+    n_checks = len(inst.all_checks(EmptySnapshot(), no_run, ()))
     tags = ("builtin", TERMINAL_TAG) if terminal else ("builtin",)
     return Task(
         id=f"{family}/{seed}",
@@ -84,7 +85,7 @@ def make_task(family: str, seed: int) -> Task:
         instruction=inst.instruction,
         environment=Environment(files=inst.files, modes=inst.modes),
         verifier=VerifierSpec(kind="builtin", mode="shared" if terminal else "separate",
-                              timeout_s=VERIFIER_TIMEOUT_S, check=check),
+                              timeout_s=VERIFIER_TIMEOUT_S, check=check, live=inst.live),
         solution=tuple(tuple(t) for t in inst.solution),
         agent_timeout_s=120.0,
         metadata=Metadata(difficulty=fam.difficulty, category=fam.category,
@@ -107,10 +108,11 @@ class BuiltinCheck:
         self.family, self.seed = family, seed
         self._inst: Instance | None = None
 
-    def __call__(self, snapshot, run):
+    def __call__(self, snapshot, run, processes=()):
         if self._inst is None:
             self._inst = instance(self.family, self.seed)
-        return self._inst.checks(snapshot, run) + hygiene_checks(snapshot, self._inst)
+        return (self._inst.all_checks(snapshot, run, processes)
+                + hygiene_checks(snapshot, self._inst))
 
     def __reduce__(self):
         return (BuiltinCheck, (self.family, self.seed))

@@ -42,6 +42,18 @@ class Instance:
     # commands (find_tree's extension); "" when it has one form. The train and validation
     # splits cover every variant (`tasks.registry`).
     variant: str = ""
+    # checks of what was still running when the episode ended (terminal families): they get
+    # the sandbox's processes as the host saw them (`Sandbox.processes`), never a file the
+    # agent could delete
+    process_checks: Callable[[tuple], list[CheckResult]] | None = None
+    # the checks query a service the agent left running: verified with its processes alive
+    # (`VerifierSpec.live`)
+    live: bool = False
+
+    def all_checks(self, snapshot: Snapshot, run: Callable, processes: tuple) -> list:
+        """The instance's checks (file and command checks, then process checks)."""
+        extra = self.process_checks(processes) if self.process_checks else []
+        return self.checks(snapshot, run) + extra
 
 
 @dataclasses.dataclass(frozen=True)

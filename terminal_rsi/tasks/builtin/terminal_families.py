@@ -11,11 +11,13 @@ into the session with ``session.run(keystrokes, timeout)``. A command that keeps
 (``./job.sh`` waiting, ``./setup.sh`` at its prompt) is expected to be still running when
 its wait ends. Run through `sb.exec` instead (no session), these solutions fail.
 
-Checks need the agent's live environment (verifier mode ``shared``): they query a server
-the agent left running, or test whether a lock is still held, through ``run(cmd)`` in
-the agent's sandbox. Liveness is judged by a lock file, not by process listings: an exec
-does not see the session's processes under bubblewrap (its own PID namespace), and sees
-every host process in plain mode.
+Checks need the environment the agent left (verifier mode ``shared``): the files its
+session wrote, a server it left running (``service_left_running``, whose verifier is
+``live``: the agent's processes keep running while ``run(cmd)`` queries the server), or
+whether a job is still running (``interrupt_and_redo``), judged by the sandbox's process
+list as the host saw it when the episode ended (`Sandbox.processes`): a process still
+running job.sh or holding its job.lock open, deleted or renamed or not. A file in the
+workspace would not do: the agent can delete a lock file while the job holds it.
 
 Scripts use bash, coreutils, util-linux ``flock`` (Debian essential) and the python3
 standard library only, are deterministic per seed and finish at once when driven right.
@@ -23,8 +25,10 @@ standard library only, are deterministic per seed and finish at once when driven
 
 from __future__ import annotations
 
+import posixpath
 import random
 
+from terminal_rsi.sandbox.base import MAX_PROCESSES
 from terminal_rsi.tasks.builtin.core import (
     WORDS,
     Family,
@@ -121,6 +125,7 @@ def gen_service_left_running(rng: random.Random) -> Instance:
         checks=checks,
         outputs=("server.log",),
         hidden=(str(port),),
+        live=True,
     )
 
 
@@ -249,18 +254,20 @@ echo "@WORD@ $(sort -u items.txt | wc -l)" > @OUT@
 echo "job.sh: wrote @OUT@"
 '''
 
-# exit 0: job.lock is free (or absent); 3: something still holds it.
-LOCK_FREE_PY = '''\
-import fcntl, os, sys
-try:
-    fd = os.open("job.lock", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-except OSError:
-    sys.exit(0)
-try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-except OSError:
-    sys.exit(3)
-'''
+
+
+def jobs_left_running(processes: tuple, script: str = "job.sh", lock: str = "job.lock"
+                      ) -> list[str]:
+    """The processes (as "pid argv") still running `script` or holding `lock` open (deleted
+    or not): by argv, executable or open file, so neither removing the lock nor renaming the
+    process (``exec -a``) hides a job."""
+    def holds(p) -> bool:
+        files = [f.removesuffix(" (deleted)") for f in p.files]
+        return (any(posixpath.basename(a) == script or a.endswith("/" + script)
+                    for a in p.argv)
+                or any(posixpath.basename(f) in (script, lock) for f in files))
+
+    return [f"{p.pid} {' '.join(p.argv)[:80]}" for p in processes if holds(p)]
 
 
 def gen_interrupt_and_redo(rng: random.Random) -> Instance:
@@ -273,12 +280,13 @@ def gen_interrupt_and_redo(rng: random.Random) -> Instance:
               .replace("@WORD@", word))
 
     def checks(s, run):
-        r = run("python3 -c " + sh_quote(LOCK_FREE_PY), timeout=20)
-        return [
-            check(f"{out} has the job's result", text_eq(s, out, want)),
-            check("no job.sh is left running (job.lock is free)", r.exit_code == 0,
-                  f"exit {r.exit_code}: {r.stderr.strip()[-200:]!r}"),
-        ]
+        return [check(f"{out} has the job's result", text_eq(s, out, want))]
+
+    def process_checks(processes):
+        left = jobs_left_running(processes)
+        if len(processes) >= MAX_PROCESSES:  # a listing cut at its cap proves nothing
+            left.append(f"the process listing was cut at {MAX_PROCESSES}")
+        return [check("no job.sh is left running", not left, f"still running: {left[:3]}")]
 
     return Instance(
         instruction=f"Run ./job.sh to produce {out}. If it hangs, stop it and rerun it the "
@@ -288,6 +296,7 @@ def gen_interrupt_and_redo(rng: random.Random) -> Instance:
         # interrupted, never rerun: P = 1 of 2
         partial=["./job.sh\n", "C-c"],
         checks=checks,
+        process_checks=process_checks,
         modes={"job.sh": 0o755},
         outputs=(out, "job.lock"),
         hidden=(flag,),
