@@ -104,8 +104,9 @@ from terminal_rsi.tasks.spec import (
 VERIFIER_DIR_PREFIX = ".trsi_verifier"
 MIN_CTRF_VERSION = (0, 6)
 # pytest exit codes: 0 ok, 1 tests failed, 2 interrupted/collection errors, 3 internal
-# error, 4 usage error, 5 no tests collected. 3 and 4 mean the verifier itself is broken.
-PYTEST_CRASH_CODES = (3, 4)
+# error, 4 usage error, 5 no tests collected. Only after 0 and 1 did the tests run to the
+# end: the only statuses whose report is a verdict.
+PYTEST_RAN = (0, 1)
 # How a verifier that began its tests can fail (VerificationResult.failure): each scores 0.
 FAILURES = ("timeout", "crash", "refused")
 # Every verifier command's environment in the workspace layout: no user site-packages, no
@@ -896,10 +897,12 @@ def _scrub(sb) -> None:
 
 
 def protected_command(command: str, vdir: str) -> str:
-    """`command` with the verifier's own HOME and TMPDIR: fresh directories under the
-    sandbox's temporary directory, named after the verification (`vdir`), outside the
-    workspace (so no ``~/.local`` site-packages, shell start-up file or config the agent
-    left in its workspace is read)."""
+    """A built-in check's `command` with the verifier's own HOME and TMPDIR: fresh
+    directories under the sandbox's temporary directory, named after the verification
+    (`vdir`), outside the workspace (so no ``~/.local`` site-packages, shell start-up file or
+    config the agent left in its workspace is read). If they cannot be made (the agent made
+    /tmp unwritable) the command exits 125: its check fails. (A tests directory's verifier
+    gets directories placed beside its tests instead, `_verify_command`.)"""
     return (f'_trsi_v="${{TMPDIR:-/tmp}}/{vdir}"; export HOME="$_trsi_v/home" '
             'TMPDIR="$_trsi_v/tmp"; unset _trsi_v; mkdir -p -m 0700 -- "$HOME" "$TMPDIR" '
             f"|| exit 125; {command}")
@@ -954,7 +957,11 @@ def _log_files(vsb, logs_dir: str) -> dict[str, bytes]:
     except BadRequest:  # missing (the verifier removed it) or past the download caps
         return {}
     logs = Snapshot.from_tar(data, strip=posixpath.normpath(logs_dir.lstrip("/")))
-    return {name: d for name, d in logs.files().items() if "/" not in name}
+    files = {name: d for name, d in logs.files().items() if "/" not in name}
+    for name in VERDICT_FILES:  # a verdict file's name taken by a directory or a link
+        if name in logs and name not in files:  # keeps the script from writing it
+            files[name] = b"\0not a regular file"
+    return files
 
 
 # The pytest kind's command: `PYTEST_BOOT` under an isolated interpreter, pytest's
@@ -966,12 +973,13 @@ _PYTEST_CMD = ('python3 -I -c "$TRSI_PYTEST_BOOT" -q -rA -p no:cacheprovider -p 
 
 def _verify_command(task, vsb, backend, vdir, hygiene, pytest_runtime, fresh):
     """The workspace layout: tests in a fresh `.trsi_verifier_<hex>/tests` ($TEST_DIR), logs
-    and reports in `$TRSI_LOGS_DIR` beside it; the command runs with the verifier's own HOME
-    and TMPDIR (`protected_command`)."""
+    and reports in `$TRSI_LOGS_DIR` beside it, and the command's own HOME and TMPDIR there
+    too (never the workspace root, where the agent's dotfiles are)."""
     ver = task.verifier
     test_dir, logs_dir = f"{vdir}/tests", f"{vdir}/logs"
     files = {f"{test_dir}/{p}": d for p, d in ver.files.items()}
-    files[f"{logs_dir}/.keep"] = b""
+    for d in ("logs", "home", "tmp"):  # (placed, not made by the command: nothing the
+        files[f"{vdir}/{d}/.keep"] = b""  # agent did to /tmp can stop the verifier)
     # pytest's configuration comes from the tests (their pytest.ini) or an empty one of the
     # verifier's, never from an ini file the agent left above the tests in its workspace
     # (`addopts = --co` there would turn an unsolved task into a pass).
@@ -987,8 +995,9 @@ def _verify_command(task, vsb, backend, vdir, hygiene, pytest_runtime, fresh):
     if ver.kind != "pytest":  # a script's own pytest run: the same configuration rule
         env.setdefault("PYTEST_ADDOPTS", f"-c {vsb.workdir}/{ini}")
     command = _PYTEST_CMD.format(args=ver.command) if ver.kind == "pytest" else ver.command
-    return _run_verifier(task, vsb, protected_command(command, vdir),
-                         {**env, **PROTECTED_ENV}, logs_dir, hygiene)
+    own = {"HOME": f"{vsb.workdir}/{vdir}/home", "TMPDIR": f"{vsb.workdir}/{vdir}/tmp"}
+    return _run_verifier(task, vsb, command, {**env, **own, **PROTECTED_ENV}, logs_dir,
+                         hygiene)
 
 
 def _verify_in_task_paths(task, vsb, backend, hygiene, pytest_runtime, fresh):
@@ -1129,13 +1138,15 @@ def _pytest_verdict(task, r, nonce, logs, arts, hygiene) -> VerificationResult:
     if record["rc"] != r.exit_code:
         return _failed(task, "refused", f"the command exited {r.exit_code}, pytest returned "
                        f"{record['rc']}", arts, r.exit_code)
-    if record["rc"] in PYTEST_CRASH_CODES or ctrf is None:
+    if record["rc"] not in PYTEST_RAN or ctrf is None:
+        # interrupted, a collection error, no tests, an internal or usage error, a signal:
+        # no per-test verdict to trust (P = 0)
         return _failed(task, "crash", f"pytest exited {record['rc']}"
                        f"{' without a CTRF report' if ctrf is None else ''}: {tail}", arts,
                        r.exit_code)
     terminal = success_from_exit_code(record["rc"])
     report = parse_report_bytes(_encode(ctrf), terminal_success=terminal, hygiene=hygiene)
-    if report.valid and record["rc"] in (0, 1):
+    if report.valid:
         names = sorted({str(t.get("name")) for t in json.loads(ctrf)["results"]["tests"]})
         if names != sorted(set(record["collected"])):
             return _failed(task, "refused", f"the CTRF report's {len(names)} tests are not "
@@ -1154,7 +1165,7 @@ def _verdict(task, r, logs, arts, hygiene) -> VerificationResult:
     reward = None
     ctrf_raw = logs.get("ctrf.json")
     if ver.kind == "terminal-bench":
-        results = pytest_summary_results(r.stdout + "\n" + r.stderr)
+        results = pytest_summary_results(tb_verdict_output(r))
         if results is None:
             return _failed(task, "crash", f"{ver.command!r} exited {r.exit_code} without "
                            "pytest's short test summary (-rA), which is Terminal-Bench's "
@@ -1202,22 +1213,37 @@ def script_reward(logs: Mapping[str, bytes]) -> tuple[float | None, str]:
 
 # Terminal-Bench's pytest parser: the lines after pytest's "short test summary info" banner
 # (printed with -rA) read "STATUS path::test[ - message]"; PASSED, XFAIL and SKIPPED count as
-# passed, FAILED, XPASS and ERROR as failed, anything else is not a result.
+# passed, FAILED, XPASS and ERROR as failed, anything else is not a result. This reader also
+# asks for what only pytest's own end of run prints: the last banner, followed by the final
+# counts line ("1 failed, 3 passed in 0.12s"), whose counts the result lines must match, each
+# test once. A summary printed by code the tests ran (then os._exit), or lines added to the
+# real one, is no verdict.
 _SUMMARY_BANNER = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)
+_FINAL_LINE = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+)(?:\s+in\s+[\d.]+s.*?)?\s*=*\s*$")
 _PASSING = ("PASSED", "XFAIL", "SKIPPED")
 _FAILING = ("FAILED", "XPASS", "ERROR")
+# final-line words -> the status their result lines carry (skips are grouped by reason)
+_COUNTED = {"passed": "PASSED", "failed": "FAILED", "xfailed": "XFAIL", "xpassed": "XPASS",
+            "error": "ERROR", "errors": "ERROR"}
 
 
 def pytest_summary_results(output: str) -> dict[str, bool] | None:
     """{test name: passed} from pytest's -rA short test summary in `output`, read as
     Terminal-Bench's `PytestParser` reads it (the test name is what follows the node id's
     first `::`, so `f.py::TestK::test_m` is `TestK::test_m`; a FAILED line's last
-    " - message" is dropped); None when the output has no summary."""
-    parts = _SUMMARY_BANNER.split(output, maxsplit=1)
+    " - message" is dropped); None when the output has no summary that pytest finished (the
+    last banner, then the final counts line, the result lines matching its counts)."""
+    parts = _SUMMARY_BANNER.split(output)
     if len(parts) < 2:
         return None
+    lines = parts[-1].splitlines()
+    final = next((i for i in range(len(lines) - 1, -1, -1)
+                  if _FINAL_LINE.match(lines[i].strip())), None)
+    if final is None:
+        return None
     results: dict[str, bool] = {}
-    for line in parts[1].splitlines():
+    seen: dict[str, int] = {}
+    for line in lines[:final]:
         if line.startswith("FAILED") and " - " in line:
             line = " - ".join(line.split(" - ")[:-1])
         words = line.split(maxsplit=1)
@@ -1227,9 +1253,27 @@ def pytest_summary_results(output: str) -> dict[str, bool] | None:
         if status not in _PASSING + _FAILING:
             continue
         name = words[1].strip().split("::", 1)[-1]
-        if name:
-            results[name] = status in _PASSING
+        if not name:
+            continue
+        if name in results and status != "SKIPPED":
+            return None  # a test reported twice: a line that pytest did not print
+        results[name] = status in _PASSING
+        seen[status] = seen.get(status, 0) + 1
+    counts: dict[str, int] = {}
+    for item in _FINAL_LINE.match(lines[final].strip()).group(1).split(","):
+        n, word = item.split()
+        if word in _COUNTED:
+            counts[_COUNTED[word]] = counts.get(_COUNTED[word], 0) + int(n)
+    if any(seen.get(status, 0) != counts.get(status, 0) for status in set(_COUNTED.values())):
+        return None
     return results
+
+
+def tb_verdict_output(r) -> str:
+    """The output Terminal-Bench's verdict is read from: the command's stdout when it has
+    pytest's summary, else its stderr (never both: lines that code the tests ran printed to
+    the other stream are not the summary)."""
+    return r.stdout if _SUMMARY_BANNER.search(r.stdout) else r.stderr
 
 
 def run_reference(task: Task, *, backend: str = DEFAULT_BACKEND,

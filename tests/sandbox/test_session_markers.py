@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import re
 import shutil
-import threading
+import time
 
 import pytest
 
@@ -58,6 +58,16 @@ def term_of(make_sandbox):
     assert term.run(FORGE, 10).done
     yield sb, term
     term.close()
+
+
+def _until(term, text: str) -> bool:
+    """Read until ``text`` shows (True) or BOUND_S passes (a REPL starting on a busy host)."""
+    deadline = time.monotonic() + BOUND_S
+    seen = ""
+    while text not in seen and time.monotonic() < deadline:
+        term.wait(0.5)
+        seen += term.read().text
+    return text in seen
 
 
 # ---------------------------------------------------------------- hostile, every backend
@@ -149,7 +159,7 @@ def test_commands_nested_shells_repls_and_keys_complete_as_before(term_of):
     assert out.done and out.exit_code == 3
     # a REPL is no shell prompt; leaving it is
     out = term.run("python3\n", 1)
-    assert not out.done and ">>> " in out.text
+    assert not out.done and (">>> " in out.text or _until(term, ">>> "))
     assert term.run("exit()\n", BOUND_S).done
     # C-c, a PS1 the agent replaces, a redisplayed prompt (C-l) that is no new prompt
     assert not term.run("sleep 100\n", 0.3).done
@@ -339,8 +349,7 @@ def test_claims_and_the_shell_env():
     assert "7770;tok;" in shell_env("tok")["PS1"]  # a pty session's doorbell has its token
 
 
-def test_reader_threads_do_not_leak():
-    before = threading.active_count()
-    fake = FakeTmux()
-    TmuxSession(fake, start_timeout=5).close()
-    assert threading.active_count() <= before
+def test_close_ends_the_reader():
+    term = TmuxSession(FakeTmux(), start_timeout=5)
+    term.close()
+    assert not term._reader.is_alive() and not term.alive

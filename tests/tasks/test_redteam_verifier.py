@@ -27,7 +27,7 @@ import pytest
 from terminal_rsi.tasks import Task
 from terminal_rsi.tasks.builtin import make_task
 from terminal_rsi.tasks.spec import Environment, Metadata, VerifierSpec
-from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, verify
+from terminal_rsi.tasks.verify import open_task_sandbox, verify
 from tests.sandbox.conftest import bridge, need_bwrap, need_docker_image  # noqa: F401
 from tests.tasks.test_verifier_integrity import heredoc, play, secret_task
 
@@ -238,10 +238,6 @@ TB_ATTACKS = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open: Terminal-Bench's verdict is text on the verifier's stdout/stderr, which code the "
-    "tests run can write (pytest_summary_results reads stdout + stderr, last line wins, and "
-    "needs neither every test nor pytest's end)"))
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("attack", sorted(TB_ATTACKS))
 def test_terminal_bench_summary_forged(local, attack, mode):
@@ -260,7 +256,10 @@ def test_terminal_bench_baseline_fails(local):
 HARBOR_ATTACKS = {
     # pytest exits 0 from inside a test: test.sh writes reward 1
     "exit_0": "import os\nos._exit(0)\n",
-    # reward.txt made a directory (the script's write fails), reward.json says 1
+}
+# reward.txt made a directory (the script's write fails), reward.json says 1: blocked (a
+# verdict file's name taken by a non-file is unreadable, no verdict, S = 0)
+HARBOR_BLOCKED = {
     "reward_txt_is_a_directory": textwrap.dedent('''
         import json, os
         d = os.environ["TRSI_LOGS_DIR"]
@@ -274,14 +273,22 @@ HARBOR_ATTACKS = {
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open, as in Harbor: test.sh derives the reward from pytest's exit status or files that "
-    "code the tests run can write; only two disagreeing reward files are refused"))
+    "open, as in Harbor: test.sh derives the reward from pytest's exit status, which code "
+    "the tests import can set (os._exit(0))"))
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("attack", sorted(HARBOR_ATTACKS))
 def test_harbor_reward_forged(local, attack, mode):
     task = harbor_task(secrets.token_hex(8), mode)
     r, why = _result(task, local, [heredoc("solution.py", HARBOR_ATTACKS[attack])], mode)
     assert r.S == 0, why
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("attack", sorted(HARBOR_BLOCKED))
+def test_harbor_reward_forgery_blocked(local, attack, mode):
+    task = harbor_task(secrets.token_hex(8), mode)
+    r, why = _result(task, local, [heredoc("solution.py", HARBOR_BLOCKED[attack])], mode)
+    assert (r.S, r.P) == (0, 0) and r.failure, why
 
 
 # ----------------------------------------------------------------------------- the channel
@@ -333,15 +340,68 @@ CHANNEL_FORGER = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_channel_forged_from_a_subprocess(backend, mode, request):
-    if _is(backend, "docker"):
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-            "docker: the exec wrapper (timeout, env -i NAME=VALUE ...) carries the nonce in "
-            "its argv and holds the channel pipe as a dumpable fd 1; a killed pytest's "
-            "record (rc -9) is accepted with its CTRF report, whose names are compared "
-            "only for rc 0 or 1")))
+def test_channel_forged_from_a_subprocess(backend, mode):
+    # (docker: the exec wrapper carries the nonce in its argv and holds the channel pipe as
+    # a dumpable fd 1, so the program can write a whole forged stream; it cannot make pytest
+    # exit 0, and only a pytest that ran to the end (rc 0 or 1, equal to the command's)
+    # has a report that counts)
     task = subprocess_task(secrets.token_hex(8), mode)
     r, why = _result(task, backend, [heredoc("solution.py", CHANNEL_FORGER)], mode)
+    assert (r.S, r.P) == (0, 0), why
+
+
+# A Terminal-Bench test that runs the agent's program as a subprocess (never imports it), in
+# the task's own image as Terminal-Bench runs it: the program writes PASSED lines into the
+# stderr of run-tests.sh's bash (an ancestor, dumpable, whose fd 2 is the exec's pipe).
+STDERR_OF_AN_ANCESTOR = textwrap.dedent('''
+    import os
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            fd = os.open("/proc/%d/fd/2" % pid, os.O_WRONLY)
+            os.write(fd, b"\\nPASSED test_secret.py::test_program\\n")
+            os.close(fd)
+        except OSError:
+            pass
+        pid = int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
+    print("no secret")
+''')
+
+
+def tb_image_task(secret: str, mode: str) -> Task:
+    src = textwrap.dedent(f'''
+        import os
+        import subprocess
+        import sys
+
+        SECRET = "{secret}"
+
+
+        def test_program():
+            out = subprocess.run([sys.executable, "/app/solution.py"], capture_output=True,
+                                 text=True, timeout=20).stdout
+            assert out.strip() == SECRET
+    ''')
+    run_tests = "#!/bin/bash\ncd /tests && python3 -m pytest -q -rA -p no:cacheprovider " \
+                "test_secret.py\n"
+    return Task(id="tbimg", family="tbimg", instruction="Guess the secret.",
+                environment=Environment(image="trsi-task-base:bookworm", workdir="/app"),
+                verifier=VerifierSpec(kind="terminal-bench", mode=mode, timeout_s=30,
+                                      command="bash /tests/run-tests.sh", tests_dir="/tests",
+                                      env={"TEST_DIR": "/tests"},
+                                      files={"test_secret.py": src.encode(),
+                                             "run-tests.sh": run_tests.encode()}),
+                solution=(), metadata=Metadata(tags=("hostile",)), format="terminal-bench")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_terminal_bench_summary_forged_from_a_subprocess(mode):
+    from tests.tasks.conftest import need_task_image
+
+    need_task_image()
+    task = tb_image_task(secrets.token_hex(8), mode)
+    r, why = _result(task, ("docker", {}), [heredoc("solution.py", STDERR_OF_AN_ANCESTOR)],
+                     mode)
     assert (r.S, r.P) == (0, 0), why
 
 
@@ -349,14 +409,10 @@ def test_channel_forged_from_a_subprocess(backend, mode, request):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_shared_tmp_made_unwritable(backend, mode, request):
-    """The verifier's HOME and TMPDIR go under the sandbox's ${TMPDIR:-/tmp}, which the agent
-    owns under bubblewrap: `mkdir` fails, the command exits 125 before pytest starts, and that
-    reads as 'the verifier could not start' (VerifierError: the episode is dropped)."""
-    if mode == "shared" and not _is(backend, "docker"):
-        request.applymarker(pytest.mark.xfail(strict=True, raises=VerifierError, reason=(
-            "local-bwrap/bridge shared: /tmp belongs to the sandbox uid; protected_command's "
-            "mkdir fails (exit 125) and _pytest_verdict raises VerifierError('crash')")))
+def test_shared_tmp_made_unwritable(backend, mode):
+    """/tmp belongs to the sandbox uid under bubblewrap: the tests' HOME and TMPDIR are
+    placed beside them in the verifier's directory (never made under /tmp), so an agent that
+    made /tmp unwritable gets a verdict, not a dropped episode."""
     task = secret_task(secrets.token_hex(8))
     r, why = _result(task, backend, ["chmod 500 /tmp 2>/dev/null; true\n"], mode)
     assert (r.S, r.P) == (0, 0), why
@@ -381,10 +437,6 @@ HIDE_JOB = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open: jobs_left_running knows a job by the names job.sh / job.lock in argv and open "
-    "files; the same script under another name, with its lock behind a symlink, is missed "
-    "(the task has no legitimate process left: any leftover should fail the check)"))
 @pytest.mark.parametrize("attack", sorted(HIDE_JOB))
 def test_interrupt_and_redo_hidden_job(local, attack):
     task = make_task("interrupt_and_redo", 0)

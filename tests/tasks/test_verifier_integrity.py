@@ -14,6 +14,7 @@ are there when the verifier runs (a case that could not have worked proves nothi
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import secrets
 import shlex
@@ -237,6 +238,21 @@ def test_interrupt_and_redo_sees_a_job_behind_a_deleted_lock(backend):
     assert r.S == 0 and r.P == 1
 
 
+def test_a_live_task_keeps_the_agents_server_but_not_its_hooks(backend):
+    """service_left_running is verified with the agent's processes alive (`live`): its
+    reference passes; an agent that starts no server but plants a start-up hook answering
+    the probe with the word (read from server.py) does not."""
+    task = make_task("service_left_running", 0)
+    assert task.verifier.live
+    ref = play(task, backend, [k for turn in task.solution for k in turn], "shared", wait=3)
+    assert (ref.S, ref.P) == (1, 2), ref.ctrf
+    hook = ("import re, sys\nw = re.search(r'WORD = \"(\\w+)\"', open('server.py').read())"
+            ".group(1)\nprint(200, w)\nsys.stdout.flush()\nimport os\nos._exit(0)\n")
+    keys = [f'd={USER_SITE}; mkdir -p "$d"\n', heredoc('"$d/usercustomize.py"', hook)]
+    r = play(task, backend, keys, "shared", check_live="python3 -c pass | grep -q '^200 '")
+    assert (r.S, r.P) == (0, 0), r.ctrf
+
+
 def test_interrupt_and_redo_reference_passes(backend):
     name, kw = backend
     task = make_task("interrupt_and_redo", 0)
@@ -247,15 +263,19 @@ def test_interrupt_and_redo_reference_passes(backend):
 # ----------------------------------------------------------------------------- pure parts
 
 
-def test_jobs_left_running_by_argv_exe_or_open_file():
+def test_jobs_left_running_is_anything_but_the_session():
     from terminal_rsi.sandbox.base import ProcessInfo
 
-    procs = (ProcessInfo(1, 0, ("bash", "./job.sh")),
-             ProcessInfo(2, 1, ("innocent",), "/usr/bin/sleep",
-                         ("/workspace/job.lock (deleted)",)),
-             ProcessInfo(3, 0, ("tmux",), "/usr/bin/tmux", ("/workspace/notes.txt",)))
-    assert [p.split()[0] for p in jobs_left_running(procs)] == ["1", "2"]
-    assert jobs_left_running(()) == []
+    tmux = ProcessInfo(10, 1, ("tmux", "-C"), "/usr/bin/tmux")
+    shell = ProcessInfo(11, 10, ("-bash",), "/usr/bin/bash")
+    assert jobs_left_running((tmux, shell)) == []
+    job = ProcessInfo(12, 11, ("bash", ".j"), "/usr/bin/bash", ("/workspace/.z (deleted)",))
+    renamed = ProcessInfo(13, 1, ("innocent",), "/usr/bin/sleep")
+    window = ProcessInfo(14, 10, ("bash",), "/usr/bin/bash")  # a second tmux window
+    left = jobs_left_running((tmux, shell, job, renamed, window))
+    assert [x.split()[0] for x in left] == ["12", "13", "14"]
+    cut = dataclasses.replace(shell, partial=True)
+    assert jobs_left_running((tmux, cut)) == ["the process listing is incomplete"]
 
 
 @pytest.mark.parametrize("logs,reward,why", [

@@ -15,9 +15,9 @@ Checks need the environment the agent left (verifier mode ``shared``): the files
 session wrote, a server it left running (``service_left_running``, whose verifier is
 ``live``: the agent's processes keep running while ``run(cmd)`` queries the server), or
 whether a job is still running (``interrupt_and_redo``), judged by the sandbox's process
-list as the host saw it when the episode ended (`Sandbox.processes`): a process still
-running job.sh or holding its job.lock open, deleted or renamed or not. A file in the
-workspace would not do: the agent can delete a lock file while the job holds it.
+list as the host saw it when the episode ended (`Sandbox.processes`): anything but the
+session's tmux and its pane's shell, however renamed or detached. A file in the workspace
+would not do: the agent can delete a lock file while the job holds it.
 
 Scripts use bash, coreutils, util-linux ``flock`` (Debian essential) and the python3
 standard library only, are deterministic per seed and finish at once when driven right.
@@ -256,18 +256,25 @@ echo "job.sh: wrote @OUT@"
 
 
 
-def jobs_left_running(processes: tuple, script: str = "job.sh", lock: str = "job.lock"
-                      ) -> list[str]:
-    """The processes (as "pid argv") still running `script` or holding `lock` open (deleted
-    or not): by argv, executable or open file, so neither removing the lock nor renaming the
-    process (``exec -a``) hides a job."""
-    def holds(p) -> bool:
-        files = [f.removesuffix(" (deleted)") for f in p.files]
-        return (any(posixpath.basename(a) == script or a.endswith("/" + script)
-                    for a in p.argv)
-                or any(posixpath.basename(f) in (script, lock) for f in files))
+SHELLS = ("bash", "sh", "dash")
 
-    return [f"{p.pid} {' '.join(p.argv)[:80]}" for p in processes if holds(p)]
+
+def jobs_left_running(processes: tuple) -> list[str]:
+    """What still runs besides the terminal session itself (its tmux processes and the one
+    shell of its pane), as "pid argv": the job, however it was started or renamed (a hard
+    link, ``exec -a``, a pipe into bash, a lock behind a symlink, a second tmux window), or
+    anything else left running. A listing that is cut or partly unreadable is inconclusive
+    and counts as something left running."""
+    def exe(p) -> str:
+        return posixpath.basename(p.exe or (p.argv[0] if p.argv else ""))
+
+    tmux = {p.pid for p in processes if exe(p) == "tmux"}
+    shells = sorted(p.pid for p in processes if p.ppid in tmux and exe(p) in SHELLS)
+    session = tmux | set(shells[:1])
+    left = [f"{p.pid} {' '.join(p.argv)[:80]}" for p in processes if p.pid not in session]
+    if len(processes) >= MAX_PROCESSES or any(p.partial for p in processes):
+        left.append("the process listing is incomplete")
+    return left
 
 
 def gen_interrupt_and_redo(rng: random.Random) -> Instance:
@@ -284,8 +291,6 @@ def gen_interrupt_and_redo(rng: random.Random) -> Instance:
 
     def process_checks(processes):
         left = jobs_left_running(processes)
-        if len(processes) >= MAX_PROCESSES:  # a listing cut at its cap proves nothing
-            left.append(f"the process listing was cut at {MAX_PROCESSES}")
         return [check("no job.sh is left running", not left, f"still running: {left[:3]}")]
 
     return Instance(
