@@ -18,8 +18,9 @@ After the episode:
 
 In both modes the workspace's compiled Python (``__pycache__``, ``*.pyc``) is dropped before
 any verifier command runs (a cache, never an artifact; a planted one would replace the code
-a check imports), and every verifier command starts with its own HOME and TMPDIR, fresh and
-outside the workspace, no user site-packages (`PROTECTED_ENV`).
+a check imports), and every verifier command of the workspace layout starts with its own
+HOME and TMPDIR, fresh and never the workspace root, and no user site-packages
+(`PROTECTED_ENV`).
 
 The tests go to a fresh, randomly named directory `.trsi_verifier_<hex>/` in the
 workspace (`$TEST_DIR`; logs in `$TRSI_LOGS_DIR`); anything of that name the agent created
