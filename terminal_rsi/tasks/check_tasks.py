@@ -8,11 +8,11 @@ status and output tail when it failed: a verifier that timed out or crashed afte
 began is a FAIL with its reason, as Harbor and Terminal-Bench score it), UNAVAILABLE (this
 machine or backend cannot provide the environment: a base image or the engine missing, paths
 a local sandbox cannot honour) or ERROR (the task is broken: it does not load, its image
-does not build, its verifier cannot start). One task never stops the run. `check_task` checks one task and returns
-a row of the pass/fail table; `load_tasks` gives the tasks to check (a task directory that
-fails to load is an entry of its own, `format_error_row` makes its row). The experiment
-"verify_tasks" (`terminal_rsi.experiments.verify_tasks`) runs them over a suite, prints the
-table and raises `TaskCheckFailed` when a task did not pass.
+does not build, its verifier cannot start). One task never stops the run. `check_task`
+checks one task and returns a row of the pass/fail table; `load_tasks` gives the tasks to
+check (a task directory that fails to load is an entry of its own, `format_error_row` makes
+its row). The experiment "verify_tasks" (`terminal_rsi.experiments.verify_tasks`) runs them
+over a suite, prints the table and raises `TaskCheckFailed` when a task did not pass.
 """
 
 from __future__ import annotations

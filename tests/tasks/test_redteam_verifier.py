@@ -29,7 +29,7 @@ from terminal_rsi.tasks.builtin import make_task
 from terminal_rsi.tasks.spec import Environment, Metadata, VerifierSpec
 from terminal_rsi.tasks.verify import open_task_sandbox, verify
 from tests.sandbox.conftest import bridge, need_bwrap, need_docker_image  # noqa: F401
-from tests.tasks.test_verifier_integrity import heredoc, play, secret_task
+from tests.tasks.test_verifier_integrity import heredoc, play, secret_task, secret_tests
 
 MODES = ("separate", "shared")
 LOCAL = ("local-bwrap", {})
@@ -58,29 +58,6 @@ def _is(backend_, name: str) -> bool:
     return backend_[0] == name or (name == "bridge" and backend_[0].startswith("http"))
 
 
-def _tests_src(secret: str) -> str:
-    """The secret task's tests (test_verifier_integrity.secret_task's), with the workspace
-    from $TRSI_WORKSPACE."""
-    return textwrap.dedent(f'''
-        import os
-        import sys
-
-        WS = os.environ.get("TRSI_WORKSPACE") or os.getcwd()
-        SECRET = "{secret}"
-
-
-        def test_answer():
-            with open(os.path.join(WS, "answer.txt")) as f:
-                assert f.read().strip() == SECRET
-
-
-        def test_solution():
-            sys.path.insert(0, WS)
-            import solution
-            assert solution.answer() == SECRET
-    ''')
-
-
 def _task(kind: str, mode: str, files: dict, command: str, tid: str) -> Task:
     return Task(id=tid, family=tid, instruction="Guess the secret.",
                 environment=Environment(files={"answer.txt": b"?\n"}),
@@ -94,7 +71,7 @@ def tb_task(secret: str, mode: str) -> Task:
     workspace layout."""
     run_tests = ('#!/bin/bash\ncd "$TEST_DIR" && python3 -m pytest -q -rA '
                  '-p no:cacheprovider test_secret.py\n')
-    return _task("terminal-bench", mode, {"test_secret.py": _tests_src(secret),
+    return _task("terminal-bench", mode, {"test_secret.py": secret_tests(secret),
                                           "run-tests.sh": run_tests},
                  'bash "$TEST_DIR/run-tests.sh"', "tbsecret")
 
@@ -105,7 +82,7 @@ def harbor_task(secret: str, mode: str) -> Task:
                '--ctrf "$TRSI_LOGS_DIR/ctrf.json" test_secret.py\n'
                'if [ $? -eq 0 ]; then echo 1 > "$TRSI_LOGS_DIR/reward.txt"; '
                'else echo 0 > "$TRSI_LOGS_DIR/reward.txt"; fi\n')
-    return _task("script", mode, {"test_secret.py": _tests_src(secret), "test.sh": test_sh},
+    return _task("script", mode, {"test_secret.py": secret_tests(secret), "test.sh": test_sh},
                  'bash "$TEST_DIR/test.sh"', "hsecret")
 
 

@@ -70,14 +70,15 @@ def forge(where: str = "/nonexistent") -> str:
     return FORGE_PY.replace("{where}", where)
 
 
-def secret_task(secret: str) -> Task:
-    """A workspace-layout pytest task: answer.txt must hold the secret, and the agent's
-    solution.py (imported by a test: agent code the verifier runs) must return it."""
-    tests = textwrap.dedent(f'''
+def secret_tests(secret: str) -> str:
+    """The secret task's test file: answer.txt must hold the secret, and the agent's
+    solution.py (imported by a test: agent code the verifier runs) must return it. The
+    workspace is $TRSI_WORKSPACE, or the working directory in a task's own layout."""
+    return textwrap.dedent(f'''
         import os
         import sys
 
-        WS = os.environ["TRSI_WORKSPACE"]
+        WS = os.environ.get("TRSI_WORKSPACE") or os.getcwd()
         SECRET = "{secret}"
 
 
@@ -91,6 +92,11 @@ def secret_task(secret: str) -> Task:
             import solution
             assert solution.answer() == SECRET
     ''')
+
+
+def secret_task(secret: str) -> Task:
+    """A workspace-layout pytest task over `secret_tests`."""
+    tests = secret_tests(secret)
     return Task(id="secret", family="secret", instruction="Guess the secret.",
                 environment=Environment(files={"answer.txt": b"?\n"}),
                 verifier=VerifierSpec(kind="pytest", files={"test_secret.py": tests.encode()},
