@@ -221,10 +221,39 @@ def graph_rules(spec: StageSpec, pipeline, export_dir: Callable[[str], str],
     return rules
 
 
+def rule_source(spec: StageSpec, path: str) -> str:
+    """Which setting a graph rule of stage `spec` (`graph_rules`) derives `path` from: where
+    a user sets it instead."""
+    if path == "ppo.critic_warmup_steps":
+        return "--config.pipeline.critic_warmup_steps (every RPR phase)"
+    if path == "actor_opt.learning_rate":
+        return (f"--config.pipeline.rpr2_lr_divisor ({spec.name}'s actor rate is "
+                f"{RPR1}'s / it), or --config.stages.{RPR1}.actor_opt.learning_rate")
+    if path == "candidates.count":
+        return "--config.validation.candidates (model selection)"
+    if path.startswith("init."):
+        return f"the stage graph's handoff of {spec.name}'s inputs (pipeline/graph.py)"
+    return f"{spec.name}'s definition in pipeline/graph.py (a stage of this kind fixes it)"
+
+
+def refuse_derived(spec: StageSpec, user: Mapping[str, Any], rules: Mapping[str, Any]
+                   ) -> None:
+    """A user value for a key the stage graph derives is refused, naming what derives it (it
+    would be overwritten without a word)."""
+    for path, value in user.items():
+        if value is not None and path in rules and value != rules[path]:
+            raise PipelineError(
+                f"config.stages.{spec.name}.{path}={value!r} cannot take effect: the stage "
+                f"graph derives it ({rules[path]!r}); set {rule_source(spec, path)}")
+
+
 def resolve_stage_config(spec: StageSpec, config, scale: Mapping, shared: Mapping,
                          rules: Callable[[], Mapping]) -> ml_collections.ConfigDict:
-    """The validated config of stage `spec` (module doc for the order). `rules()` gives the
-    graph rules (`graph_rules`), applied last."""
+    """The validated config of stage `spec` (module doc for the order). Shared settings go
+    to the stages that have each key; the scale's keys for this experiment or stage must
+    exist (a misspelled one is a PipelineError); a user value for a key the graph rules
+    derive is refused (`refuse_derived`); `rules()` gives the graph rules (`graph_rules`),
+    applied last."""
     name = spec.name
     try:
         experiment = registry.get_experiment(spec.experiment)
@@ -232,12 +261,17 @@ def resolve_stage_config(spec: StageSpec, config, scale: Mapping, shared: Mappin
         raise PipelineError(f"stage {name}: experiment {spec.experiment!r} is not "
                             f"registered in this checkout ({e})") from None
     cfg = load_config_file(spec.config_file)
-    for settings in (shared, scale.get("experiments", {}).get(spec.experiment, {}),
-                     scale.get("stages", {}).get(name, {})):
-        apply_settings(cfg, settings, strict=False, where=f"stage {name}")
+    apply_settings(cfg, shared, strict=False, where=f"stage {name}")
+    scale_name = f"scale {config.get('scale')!r} (pipeline/scales.py)"
+    apply_settings(cfg, scale.get("experiments", {}).get(spec.experiment, {}), strict=True,
+                   where=f"{scale_name}'s settings for experiment {spec.experiment}")
+    apply_settings(cfg, scale.get("stages", {}).get(name, {}), strict=True,
+                   where=f"{scale_name}'s settings for stage {name}")
     user = flatten(config.stages[name]) if name in config.stages else {}
+    derived = rules()
+    refuse_derived(spec, user, derived)
     apply_settings(cfg, user, strict=True, where=f"config.stages.{name}")
-    for path, value in rules().items():
+    for path, value in derived.items():
         if not has_path(cfg, path):
             raise PipelineError(f"stage {name}: the graph sets {path!r} but "
                                 f"{spec.config_file} has no such field")

@@ -9,8 +9,9 @@ Each stage goes resolve → run → hand off → validate → evaluate:
 
 - resolve (`terminal_rsi.pipeline.resolve`): every needed stage config is built (the stage's
   own config file, the pipeline's shared settings, the scale preset, the user's
-  `config.stages.<stage>.*`, then the graph rules) and validated against its experiment's
-  schema before any stage runs; so is its config hash.
+  `config.stages.<stage>.*`, then the graph rules; a misspelled scale key, or a user value
+  for a key the graph derives, is refused with what to set instead) and validated against
+  its experiment's schema before any stage runs; so is its config hash.
 - run (`Pipeline.run_stage`): the stage's experiment in `<run_dir>/<stage>`, or for a
   bypassed stage a copy of its inputs.
 - hand off (`terminal_rsi.pipeline.handoff`): the stage's weights-only exports are checked

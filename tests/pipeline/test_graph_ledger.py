@@ -156,6 +156,56 @@ def test_bad_stage_override_is_named_before_work(tmp_path):
     Pipeline(resolved(c3), str(tmp_path)).resolve_all()
 
 
+@pytest.mark.parametrize("stage,path,value,names", [
+    ("rpr2_spr", "actor_opt.learning_rate", 3e-6, "pipeline.rpr2_lr_divisor"),
+    ("rpr1_fdr", "ppo.critic_warmup_steps", 7, "pipeline.critic_warmup_steps"),
+])
+def test_a_graph_derived_override_is_refused_with_what_derives_it(tmp_path, stage, path,
+                                                                  value, names):
+    """A per-stage value the graph rules would overwrite is never dropped without a word."""
+    c = get_config()
+    c.scale = "test"
+    node = c.stages[stage]
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(PipelineError, match=rf"config.stages.{stage}.{path}=.* cannot take "
+                       rf"effect: the stage graph derives it .*{names}"):
+        Pipeline(resolved(c), str(tmp_path)).resolve_all()
+    assert not os.path.exists(tmp_path / "base")
+
+
+def test_the_derived_value_given_explicitly_and_what_derives_it_take_effect(tmp_path):
+    c = get_config()
+    c.scale = "test"
+    c.pipeline.critic_warmup_steps = 7
+    c.pipeline.rpr2_lr_divisor = 2.0
+    p = Pipeline(resolved(c), str(tmp_path))
+    p.resolve_all()
+    r1, r2 = p.stage_config("rpr1_fdr"), p.stage_config("rpr2_spr")
+    assert r1.ppo.critic_warmup_steps == r2.ppo.critic_warmup_steps == 7
+    assert r2.actor_opt.learning_rate == pytest.approx(r1.actor_opt.learning_rate / 2)
+    c.stages.rpr1_fdr.ppo.critic_warmup_steps = 7  # the value the graph derives: allowed
+    Pipeline(resolved(c), str(tmp_path / "again")).resolve_all()
+
+
+@pytest.mark.parametrize("where", ["experiments", "stages"])
+def test_a_misspelled_scale_key_fails(tmp_path, monkeypatch, where):
+    from terminal_rsi.pipeline import scales
+
+    test = dict(scales.SCALES["test"])
+    key = "rpr_phase" if where == "experiments" else "rpr1_fdr"
+    part = dict(test.get(where, {}))
+    part[key] = {**part.get(key, {}), "ppo.critic_warmup_stepz": 3}
+    test[where] = part
+    monkeypatch.setitem(scales.SCALES, "test", test)
+    c = get_config()
+    c.scale = "test"
+    with pytest.raises(PipelineError, match=r"scale 'test'.*critic_warmup_stepz"):
+        Pipeline(resolved(c), str(tmp_path)).resolve_all()
+
+
 def _ledger_dict(tmp_path):
     led = L.Ledger(str(tmp_path), [("base", "base_sft"), ("rsr1", "rsr")])
     led.update("base", status="done", config_hash="ab" * 32, wall_s=1.5,
