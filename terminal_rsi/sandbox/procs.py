@@ -81,12 +81,8 @@ def pids_with_cmdline(token: bytes) -> list[int]:
 
 def start_time(pid: int) -> int | None:
     """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    st = stat(pid)
+    return None if st is None else st[2]
 
 
 def boot_id() -> str:
@@ -142,12 +138,8 @@ def owner_gone(owner: Mapping[str, str], me: Mapping[str, str] | None = None) ->
 
 
 def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return data[data.rindex(b")") + 2:][:1].decode()
-    except (OSError, ValueError):
-        return "X"
+    st = stat(pid)
+    return "X" if st is None else st[0]
 
 
 def freeze_and_kill(find: Callable[[], list[int]], deadline_s: float = 5.0) -> int:

@@ -118,8 +118,8 @@ BUILTIN_ENV = {**PROTECTED_ENV, "PYTHONSAFEPATH": "1"}
 VERDICT_FILES = ("ctrf.json", "reward.txt", "reward.json")
 # Compiled Python in a workspace: dropped before verification (`_filter_tar`, `_SCRUB`).
 COMPILED_PYTHON = ("__pycache__", ".pyc")
-_SCRUB = (f"rm -rf ./{VERIFIER_DIR_PREFIX}* && find . -xdev \\( -name __pycache__ -o -name "
-          "'*.pyc' \\) -prune -exec rm -rf -- {} +")
+_SCRUB = (f"rm -rf ./{VERIFIER_DIR_PREFIX}* && find . -xdev \\( -name {COMPILED_PYTHON[0]} "
+          f"-o -name '*{COMPILED_PYTHON[1]}' \\) -prune -exec rm -rf -- {{}} +")
 
 # The pytest kind's interpreter bootstrap (`python3 -I -c "$TRSI_PYTEST_BOOT" <pytest args>`):
 # it keeps the exec's stdout as the verdict channel (a non-inheritable descriptor; fd 1 then

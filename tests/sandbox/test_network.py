@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from terminal_rsi.sandbox import InfrastructureError, SandboxSpec, local, open_sandbox
+from terminal_rsi.sandbox import InfrastructureError, SandboxSpec, local, open_sandbox, procs
 from terminal_rsi.sandbox.local import sweep_stale, user_net_problem
 
 from .conftest import REPO, assert_no_leftovers, need, need_bwrap
@@ -95,18 +95,18 @@ def helpers_of(pid: int) -> list[int]:
     """slirp4netns processes whose parent is ``pid`` (a live one, or a zombie not reaped)."""
     out = []
     for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index(b"(") + 1:stat.rindex(b")")]
-        ppid = int(stat.rsplit(b")", 1)[1].split()[1])
-        if comm == b"slirp4netns" and ppid == pid:
+        st = procs.stat(int(d)) if d.isdigit() else None
+        if st is not None and st[1] == pid and comm_of(d) == "slirp4netns":
             out.append(int(d))
     return out
+
+
+def comm_of(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def run_probe(sb, fam: str, addr: str) -> str:

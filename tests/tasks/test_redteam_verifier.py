@@ -174,18 +174,6 @@ INPROCESS = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open: agent code a test imports runs in the verifier's pytest process (docs/tasks.md "
-    "threat model row 'forges the channel in-process'); the nonce is a global of __main__, "
-    "and pytest's own report and exit status can be patched without it"))
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("attack", sorted(INPROCESS))
-def test_inprocess_forge(local, attack, mode):
-    task = secret_task(secrets.token_hex(8))
-    r, why = _result(task, local, [heredoc("solution.py", INPROCESS[attack])], mode)
-    assert (r.S, r.P) == (0, 0), why
-
-
 # ----------------------------------------------------------------------------- Terminal-Bench
 
 # Suspends pytest's capture (found with gc) so the text reaches the real stdout/stderr.
@@ -520,11 +508,22 @@ CODE_THE_TESTS_RUN = {
 }
 
 
+INPROCESS_OPEN = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "open: agent code a test imports runs in the verifier's pytest process (docs/tasks.md "
+    "threat model row 'forges the verdict in-process'); the nonce is a global of __main__, "
+    "and pytest's own report and exit status can be patched without it"))
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("attack", sorted(CODE_THE_TESTS_RUN))
-def test_code_the_tests_run_cannot_pass(local, attack, mode):
+@pytest.mark.parametrize("source", [pytest.param(INPROCESS[k], id=k, marks=INPROCESS_OPEN)
+                                    for k in sorted(INPROCESS)]
+                         + [pytest.param(CODE_THE_TESTS_RUN[k], id=k)
+                            for k in sorted(CODE_THE_TESTS_RUN)])
+def test_code_the_tests_run(local, source, mode):
+    """solution.py, imported or run by the tests: the attacks still open are strict xfails
+    (`INPROCESS`), the blocked ones plain (`CODE_THE_TESTS_RUN`)."""
     task = secret_task(secrets.token_hex(8))
-    r, why = _result(task, local, [heredoc("solution.py", CODE_THE_TESTS_RUN[attack])], mode)
+    r, why = _result(task, local, [heredoc("solution.py", source)], mode)
     assert (r.S, r.P) == (0, 0), why
 
 

@@ -15,14 +15,24 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
+import io
 import json
+import os
 import secrets
 import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from terminal_rsi.agent.harness import HarnessConfig
+from terminal_rsi.sandbox.base import ProcessInfo
 from terminal_rsi.tasks import Task
 from terminal_rsi.tasks.builtin import make_task
 from terminal_rsi.tasks.builtin.terminal_families import jobs_left_running
@@ -125,8 +135,6 @@ def builtin_secret_task(secret: str, mode: str) -> Task:
 
 
 def _sha(s: str) -> str:
-    import hashlib
-
     return hashlib.sha256(s.encode()).hexdigest()
 
 
@@ -270,8 +278,6 @@ def test_interrupt_and_redo_reference_passes(backend):
 
 
 def test_jobs_left_running_is_anything_but_the_session():
-    from terminal_rsi.sandbox.base import ProcessInfo
-
     tmux = ProcessInfo(10, 1, ("tmux", "-C"), "/usr/bin/tmux")
     shell = ProcessInfo(11, 10, ("-bash",), "/usr/bin/bash")
     assert jobs_left_running((tmux, shell)) == []
@@ -320,15 +326,6 @@ def test_the_boot_keeps_the_channel_from_what_the_tests_start():
     """On the host's python, as an unprivileged uid (as sandboxes run it): a test's
     subprocess writing to fd 1, and to the parent's /proc/<pid>/fd, reaches neither the
     channel nor the report."""
-    import io
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import tarfile
-    import tempfile
-    from pathlib import Path
-
     tmp_path = Path(tempfile.mkdtemp(prefix="trsi-boot-"))
     os.chmod(tmp_path, 0o755)
     drop = []
