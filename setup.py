@@ -29,6 +29,9 @@ EXTRAS = {
         "pytest-json-ctrf>=0.6,<0.7",
         "matplotlib>=3.7,<4",
         "pandas>=2,<4",  # trajectory shards must stay readable with pandas (tests/agent)
+        # tests/pipeline/test_wheel_install.py builds the wheel without build isolation;
+        # wheel >= 0.46 needs setuptools >= 70.1 for bdist_wheel
+        "wheel>=0.40,<0.46",
     ],
     "dev": [
         "ruff>=0.6",
@@ -74,5 +77,10 @@ setup(
     packages=find_packages(include=["terminal_rsi", "terminal_rsi.*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
-    include_package_data=True,
+    include_package_data=True,  # MANIFEST.in's data files; the config files are the
+    # package terminal_rsi.configs (a checkout's configs/ links there)
+    entry_points={"console_scripts": [
+        # experiments/run.py's command line, installed: terminal-rsi --config=configs/<name>.py
+        "terminal-rsi=terminal_rsi.experiments.run:cli",
+    ]},
 )

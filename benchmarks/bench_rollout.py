@@ -39,7 +39,8 @@ from flax import nnx  # noqa: E402
 from configs.rpr_phase import get_config  # noqa: E402
 from terminal_rsi import registry  # noqa: E402
 from terminal_rsi.agent import HarnessConfig, ReferencePolicy, SamplerPolicy  # noqa: E402
-from terminal_rsi.agent.scheduler import AsyncRollouts, RolloutScheduler, SchedulerConfig  # noqa: E402
+from terminal_rsi.agent.engine import RolloutEngine  # noqa: E402
+from terminal_rsi.agent.scheduler import RolloutScheduler, SchedulerConfig  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.models.tokenizer import ByteTokenizer  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM  # noqa: E402
@@ -257,15 +258,19 @@ def async_rows(args, policy, harness, label):
         sched.collect(tasks(b, 4000 + 100 * i), b)
         update()
     sync_step = (time.perf_counter() - t0) / k
-    ar = AsyncRollouts(sched, iter([tasks(b, 5000 + 100 * i) for i in range(k + 1)]), b)
-    ar.next()  # fill the pipeline
+    engine = RolloutEngine(harness, None, concurrency=b)  # its one background rollout thread
+    ahead = engine.ahead(sched.collect, tasks(b, 5000), b)  # fill the pipeline
+    ahead.result()
+    ahead = engine.ahead(sched.collect, tasks(b, 5100), b)
     t0 = time.perf_counter()
-    for _ in range(k):
-        ar.next()
+    for i in range(k):
+        ahead.result()  # batch i, rolled out while the previous update ran
+        ahead = engine.ahead(sched.collect, tasks(b, 5200 + 100 * i), b)
         update()
         policy.version += 1
     async_step = (time.perf_counter() - t0) / k
-    ar.close()
+    ahead.result()
+    engine.close()
     ideal = max(rollout_s, update_s)
     print()
     print(f"| async, {label} ({b} episodes/batch) | seconds | ratio to max(rollout, update) |")

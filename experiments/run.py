@@ -1,126 +1,24 @@
 """The one entry point: `python experiments/run.py --config=configs/<name>.py [--workdir=DIR]`.
 
-Overrides use ml_collections syntax, e.g. `--config.seed=3`. The config is
-validated against its experiment's schema before any work; a bad config file,
-field or value prints one line naming the problem and exits with status 2.
-
-Console: stdout carries the stages' one-line summaries; long loops (SFT steps, rollout
-batches, evaluation episodes, RPR steps) draw progress bars on stderr when it is a terminal
-(`--progress=always|never` overrides that). Library INFO logging (absl, orbax checkpoint
-details, JAX) is off: only warnings and errors show unless `--verbosity=0` (INFO) or
-`--verbosity=1` (DEBUG) asks for more.
+Run from a checkout: the package next to this file wins over an installed one. The command
+line itself is `terminal_rsi/experiments/run.py` (installed: `terminal-rsi` or
+`python -m terminal_rsi.experiments.run`, with the same flags, from any directory).
 """
 
-from __future__ import annotations
-
-import json
-import os
 import pathlib
 import sys
 
-# Run from a checkout without installing: the package next to this file wins.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from terminal_rsi import progress, registry  # noqa: E402
-from terminal_rsi.atomic import atomic_write_text  # noqa: E402
-from terminal_rsi.configuration import (  # noqa: E402
-    ConfigError,
-    unknown_override_message,
+from terminal_rsi.experiments.run import (  # noqa: E402
+    QUIET_VERBOSITY,
+    _parse_flags,
+    cli,
+    main,
+    write_config,
 )
-from terminal_rsi.models.source import check_model_source  # noqa: E402
-from terminal_rsi.settings import SettingError  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file under configs/ (ml_collections).", lock_config=True
-)
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Directory for artifacts and checkpoints (default: runs/<experiment>)."
-)
-_PROGRESS = flags.DEFINE_enum(
-    "progress", None, progress.MODES,
-    "Progress bars on stderr: auto (only when stderr is a terminal), always, never (default: "
-    f"${progress.ENV}, else auto)."
-)
-# absl's --verbosity: unset, run.py shows warnings and errors only (app.run would show INFO).
-QUIET_VERBOSITY = logging.WARNING
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        _fail(f"unexpected positional arguments {argv[1:]}; pass options as --flag=value")
-    config = _CONFIG.value
-    if config is None:
-        _fail("--config is required, e.g. --config=configs/credit_diagnostic.py")
-    try:
-        experiment_name = config.get("experiment")
-        if experiment_name is None:
-            raise ConfigError("config.experiment is missing; the config must name its experiment")
-        experiment = registry.get_experiment(experiment_name)
-        checked = experiment.check(config)  # a typed config, built from the ConfigDict
-        check_model_source(config)  # config.model.gguf names a model that exists
-    except SettingError as e:  # ConfigError, or a setting a library check refused
-        _fail(str(e))
-    if "distributed" in config or os.environ.get("TERMINAL_RSI_DISTRIBUTED"):  # multi-host
-        from terminal_rsi import sharding
-
-        sharding.maybe_initialize_distributed(config)
-    workdir = _WORKDIR.value or os.path.join("runs", experiment_name)
-    write_config(config, workdir)
-    from terminal_rsi import compile_cache
-
-    cache = compile_cache.enable()  # $TERMINAL_RSI_COMPILATION_CACHE=off disables it
-    logging.info("JAX compilation cache: %s", cache or "off")
-    logging.info("running %s in %s", experiment_name, workdir)
-    experiment.run(checked, workdir)
-
-
-def write_config(config, workdir: str) -> str:
-    """Write the resolved, validated config to `<workdir>/config.json` atomically (contract
-    C1: every experiment can rely on it) and return the path. Tuples become lists; a value
-    JSON cannot hold is written as its str()."""
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "config.json")
-    text = json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str)
-    atomic_write_text(path, text + "\n")
-    return path
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """Parse flags; turn flag and config-file errors into one line instead of a traceback."""
-    try:
-        rest = flags.FLAGS(argv)
-        _console_defaults()
-        if _CONFIG.value is not None:
-            _CONFIG.value.get("experiment")  # config files load lazily: surface errors now
-        return rest
-    except flags.Error as e:
-        _fail(str(e).splitlines()[0])
-    except (KeyError, AttributeError) as e:
-        _fail(unknown_override_message(e, [a for a in argv if a.startswith("--config.")]))
-    except Exception as e:  # config_flags raises OSError for missing files and syntax errors
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        detail = lines[-1] if lines else type(e).__name__
-        _fail(f"could not load the config file given by --config: {detail}")
-    raise AssertionError("unreachable")
-
-
-def _console_defaults() -> None:
-    """Quiet library logging unless --verbosity was given (absl raises an unset verbosity to
-    INFO, which floods the console with orbax's per-checkpoint lines), and hand --progress to
-    `terminal_rsi.progress` (its environment variable, so it holds in every module)."""
-    if flags.FLAGS["verbosity"].using_default_value:
-        flags.FLAGS.verbosity = QUIET_VERBOSITY
-    if _PROGRESS.value is not None:
-        os.environ[progress.ENV] = _PROGRESS.value
-
+__all__ = ["QUIET_VERBOSITY", "_parse_flags", "cli", "main", "write_config"]
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    cli()

@@ -114,7 +114,7 @@ def generate(repo: str = REPO) -> str:
            "[--config.<field>=<value> ...] [--workdir=DIR]`. Every field below is validated "
            "before any work (unknown, missing, ill-typed or out-of-range fields are errors).",
            ""]
-    paths = sorted(glob.glob(os.path.join(repo, "configs", "*.py")))
+    paths = sorted(glob.glob(os.path.join(repo, "configs", "[!_]*.py")))
     index, sections = [], []
     for path in paths:
         rel = os.path.relpath(path, repo)

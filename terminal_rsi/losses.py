@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
 from typing import NamedTuple
 
 import chex
@@ -40,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from terminal_rsi.alignment import predictable_mask
+from terminal_rsi.settings import Section, setting
 
 Array = jax.Array
 
@@ -53,20 +53,46 @@ class Aggregation(enum.Enum):
 
 
 class LossConfigError(ValueError):
-    """A PPOConfig field is out of range or of the wrong type."""
+    """A loss is called with inputs its PPOConfig needs but does not have, or with an
+    unknown aggregation (a PPOConfig out of range is a `SettingError`)."""
+
+
+def _positive(t: float) -> str | None:
+    return None if t > 0.0 else ("PPO optimizes the sampling policy softmax(logits / T) of "
+                                 "the rollouts (harness.temperature), so T must be > 0 "
+                                 "(greedy rollouts have no ratio)")
+
+
+def _band_problem(band: tuple) -> str | None:
+    return None if len(band) == 2 and 0.0 <= band[0] <= 1.0 <= band[1] else \
+        "need (lo, hi) with 0 <= lo <= 1 <= hi"
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig:
-    """PPO hyper-parameters; defaults are the paper's RPR values (§2.4, App. A).
+class PPOLoss(Section):
+    """The PPO loss settings a config sets; defaults are the paper's RPR values (§2.4,
+    App. A). An RPR phase's `ppo` section (`rpr.config.PPO`) extends it with the update's
+    schedule; the losses take a `PPOConfig`, this section plus what the phase derives."""
 
-    Attributes:
-      clip_low: ε_ℓ; ratios below 1 - ε_ℓ are clipped (0.30 -> threshold 0.70).
-      clip_high: ε_h; ratios above 1 + ε_h are clipped (5.00 -> threshold 6.00).
-      value_clip: ε_V of the clipped value loss (4.00).
-      aggregation: `Aggregation` of both losses (SAMPLE_MEAN).
-      kl_coef: coefficient of the k3 KL(π_θ || π_ref) penalty (0.00 in the paper).
-      entropy_coef: coefficient of the entropy bonus (0.00 in the paper).
+    clip_low: float = setting(0.3, "ε_low: ratios below 1 - ε_low are clipped (paper: 0.30, "
+                              "threshold 0.70)", lo=0.0, hi=0.999)
+    clip_high: float = setting(5.0, "ε_high: ratios above 1 + ε_high are clipped (paper: "
+                               "5.00, threshold 6.00)", lo=0.0)
+    value_clip: float = setting(4.0, "ε_V of the clipped value loss (paper: 4.00)", lo=1e-9)
+    aggregation: Aggregation = setting(Aggregation.SAMPLE_MEAN, "how per-token losses of both "
+                                       "losses become one scalar (losses.Aggregation; paper: "
+                                       "sample_mean)")
+    kl_coef: float = setting(0.0, "k3 KL(π_θ || π_ref) penalty per token, π_ref = the phase's "
+                             "input actor (paper: 0)", lo=0.0)
+    entropy_coef: float = setting(0.0, "entropy bonus per token (paper: 0)", lo=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig(PPOLoss):
+    """The PPO losses' hyper-parameters: `PPOLoss` plus what an RPR phase derives from its
+    config (`rpr.config.PhaseConfig.loss_config`).
+
+    Attributes (beyond PPOLoss):
       temperature: the sampling temperature T of the rollouts; π_θ in the ratio is
         softmax(logits / T), the policy that generated them (1.00 in the paper).
       is_cap: C of the truncated importance weight w_j = min(π_old/π_behav, C) on the
@@ -76,50 +102,15 @@ class PPOConfig:
         loss (None: none leave).
     """
 
-    clip_low: float = 0.30
-    clip_high: float = 5.00
-    value_clip: float = 4.00
-    aggregation: Aggregation = Aggregation.SAMPLE_MEAN
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    temperature: float = 1.0
-    is_cap: float | None = None
-    is_band: tuple[float, float] | None = None
-
-    def __post_init__(self):
-        if not self.temperature > 0.0:
-            raise LossConfigError(f"PPOConfig.temperature = {self.temperature}; the policy "
-                                  "temperature must be > 0 (greedy rollouts have no ratio)")
-        if not 0.0 <= self.clip_low < 1.0:
-            raise LossConfigError(f"PPOConfig.clip_low = {self.clip_low}; need 0 <= ε_low < 1")
-        if self.clip_high < 0.0:
-            raise LossConfigError(f"PPOConfig.clip_high = {self.clip_high}; need ε_high >= 0")
-        if self.value_clip <= 0.0:
-            raise LossConfigError(f"PPOConfig.value_clip = {self.value_clip}; need ε_V > 0")
-        if self.kl_coef < 0.0 or self.entropy_coef < 0.0:
-            raise LossConfigError(
-                f"PPOConfig.kl_coef = {self.kl_coef}, entropy_coef = {self.entropy_coef}; "
-                "coefficients must be >= 0 (0 disables the term)")
-        if self.is_cap is not None and not self.is_cap >= 1.0:
-            raise LossConfigError(f"PPOConfig.is_cap = {self.is_cap}; the truncation cap of "
-                                  "the importance weight must be >= 1 (None: no weight)")
-        if self.is_band is not None and not (
-                len(self.is_band) == 2 and 0.0 <= self.is_band[0] <= 1.0 <= self.is_band[1]):
-            raise LossConfigError(f"PPOConfig.is_band = {self.is_band}; need (lo, hi) with "
-                                  "0 <= lo <= 1 <= hi (None: no masking)")
-        if not isinstance(self.aggregation, Aggregation):
-            raise LossConfigError(
-                f"PPOConfig.aggregation = {self.aggregation!r}; use an Aggregation member, "
-                f"one of {[a.value for a in Aggregation]} (Aggregation(name) converts a string)")
-
-    @classmethod
-    def from_config(cls, section: Mapping) -> PPOConfig:
-        """From a ConfigDict/dict section; `aggregation` may be the enum's string value."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in dict(section).items() if k in names}
-        if isinstance(kwargs.get("aggregation"), str):
-            kwargs["aggregation"] = Aggregation(kwargs["aggregation"])
-        return cls(**kwargs)
+    temperature: float = setting(1.0, "sampling temperature T of the rollouts: π_θ in the "
+                                 "ratio is softmax(logits / T) (paper: 1.0)", check=_positive,
+                                 allowed="> 0")
+    is_cap: float | None = setting(None, "truncation cap C of the importance weight "
+                                   "min(π_old/π_behav, C) (None: no weight)", lo=1.0)
+    is_band: tuple[float, ...] | None = setting(None, "(lo, hi): tokens with π_old/π_behav "
+                                                "outside [lo, hi] leave the policy loss (None: "
+                                                "none leave)", check=_band_problem,
+                                                allowed="(lo, hi) with 0 <= lo <= 1 <= hi")
 
 
 class LossParts(NamedTuple):

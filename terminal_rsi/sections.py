@@ -2,7 +2,12 @@
 an optimizer and the device mesh (typed settings, `terminal_rsi.settings`).
 
 A stage's config (e.g. `terminal_rsi.rpr.config.PhaseConfig`) composes these with its own
-sections; each field is written once, here, with its default, allowed values and doc.
+sections; each field is written once, here, with its default, allowed values and doc. The
+runtime harness (`agent.HarnessConfig`) extends `Harness` with what only code sets
+(`Section.from_config` takes a config's section to it). Library code below this layer
+declares its own sections and they are re-exported here: the optimizer
+(`train_state.Optimizer`, `DecayingOptimizer`; runtime `train_state.OptimizerConfig`); the
+PPO loss's settings are `losses.PPOLoss`, which `rpr.config.PPO` extends.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 from terminal_rsi.models.config import LORA_TARGETS, lora_targets_error
 from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
 from terminal_rsi.settings import Section, setting
+from terminal_rsi.train_state import DecayingOptimizer, Optimizer  # noqa: F401 (re-exported)
 
 # how an episode's commands reach the sandbox (`agent.HarnessConfig.terminal`) and where its
 # verifier may be made to run (`agent.HarnessConfig.verify_mode`)
@@ -151,13 +157,22 @@ class SplitTasks(TrainTasks):
 
 @dataclasses.dataclass(frozen=True)
 class Harness(Section):
-    """Budgets and sampling of the harness that runs episodes (`agent.HarnessConfig`)."""
+    """Budgets and sampling of the harness that runs episodes. The runtime harness
+    (`agent.HarnessConfig`) is this section plus what a stage sets in code (its name, the
+    verifier's backend, hints, guidance), and takes it through `HarnessConfig.from_config`.
 
-    max_turns: int = setting(1, "turn budget", lo=1)
-    max_output_tokens: int = setting(16, "max tokens per turn", lo=1)
-    max_input_tokens: int = setting(4096, "max tokens per call", lo=1)
-    summarize_threshold: int | None = setting(None, "context tokens that trigger "
-                                              "summarization", lo=1)
+    The defaults are the paper's harness (its evaluation protocol: 8192 output tokens per
+    turn, 96000 input tokens per call, summarization at 32000) with 32 turns (the paper
+    allows up to 100000, bounded by time limits): what a library user of `HarnessConfig()`
+    gets. The laptop-sized stage configs set their own budgets (`LAPTOP_HARNESS`), and the
+    pipeline sets every stage's from its scale."""
+
+    max_turns: int = setting(32, "turn budget", lo=1)
+    max_output_tokens: int = setting(8192, "max tokens per turn (paper: 8192)", lo=1)
+    max_input_tokens: int = setting(96000, "max tokens per call; a longer prompt ends the "
+                                    "episode (context_overflow) (paper: 96000)", lo=1)
+    summarize_threshold: int | None = setting(32000, "context tokens that trigger "
+                                              "summarization (paper: 32000; None: off)", lo=1)
     agent_timeout_s: float | None = setting(None, "wall clock per episode (None: the task's)",
                                             lo=0.1)
     max_observation_chars: int = setting(8000, "observation cap (head and tail kept)", lo=1)
@@ -165,7 +180,8 @@ class Harness(Section):
                                            "unparseable replies (None: no limit, the paper's)",
                                            lo=1)
     temperature: float = setting(1.0, "sampling temperature", lo=0.0)
-    system_prompt: str | None = setting(None, "system prompt (None: the harness default)")
+    system_prompt: str | None = setting(None, "system prompt (None or '': the harness default "
+                                        "of the action format and terminal)")
     action_format: str = setting("json", "how a reply writes its action: 'json' (Terminus "
                                  "JSON), 'xml' (Terminus XML) or 'bash' (one fenced bash "
                                  "block, a TASK COMPLETE line); the default system prompt "
@@ -180,6 +196,20 @@ class Harness(Section):
                                       "or 'separate' (the protected fresh sandbox; a "
                                       "terminal task stays shared); docs/tasks.md",
                                       choices=VERIFY_MODES)
+
+
+# the budgets of the laptop-sized stage configs (a tiny model on the built-in tasks), where
+# they differ from the paper's harness (`Harness` defaults)
+LAPTOP_HARNESS = {"max_turns": 1, "max_output_tokens": 16, "max_input_tokens": 4096,
+                  "summarize_threshold": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class NucleusHarness(Harness):
+    """A harness that may also sample from the nucleus (evaluation: the paper's top-p 0.95)."""
+
+    top_p: float = setting(1.0, "nucleus sampling: the smallest set of tokens with this much "
+                           "probability (1.0: off)", lo=0.0, hi=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,20 +235,6 @@ class BatchedRollout(Rollout):
 
     batch_size: int = setting(4, "episodes kept per batch (B)", lo=1)
     oversample: float = setting(0.0, "B' = ceil(B (1 + oversample)) launched", lo=0.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Optimizer(Section):
-    """One AdamW optimizer with global-norm clipping (`train_state.OptimizerConfig`)."""
-
-    learning_rate: float = setting(1e-4, "learning rate", lo=0.0)
-    b1: float = setting(0.9, "Adam β1 (paper: 0.9)", lo=0.0, hi=1.0)
-    b2: float = setting(0.98, "Adam β2 (paper: 0.98)", lo=0.0, hi=1.0)
-    weight_decay: float = setting(0.1, "AdamW weight decay on matrices (paper: 0.1)", lo=0.0)
-    grad_clip: float | None = setting(1.0, "global-norm gradient clip (None: off)", lo=0.0)
-    warmup_steps: int = setting(0, "linear lr warm-up over the first N updates of the stage "
-                                "(0: the full rate from the first; a fresh Adam's first "
-                                "update moves every weight by ~lr)", lo=0)
 
 
 @dataclasses.dataclass(frozen=True)

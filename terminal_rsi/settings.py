@@ -15,10 +15,18 @@ config files under `configs/` start from `configuration.config_dict(<Config>)` a
 what differs from the defaults.
 
 Types: bool, int, float (an int is accepted and stored as float), str, `tuple[T, ...]` (a
-list is accepted and stored as a tuple), an `enum.Enum` (its value is accepted), `X | None`
-(None allowed), and a nested `Section` (a sub-section of the config). A section also reads as
+list is accepted and stored as a tuple), an `enum.Enum` (its value is accepted), a
+`Callable[..., T]` (runtime settings only: a config file cannot hold one), `X | None` (None
+allowed), and a nested `Section` (a sub-section of the config). A section also reads as
 a read-only mapping of its fields (`section["every"]`, `section.get("every")`, `dict(section)`),
 so code written against ConfigDict sections keeps working; new code uses attributes.
+
+A runtime object of a concept is its section or a class derived from it that adds only what
+a config does not set (e.g. `agent.HarnessConfig` extends `sections.Harness` with the
+harness's name and verifier backend): `Runtime.from_config(section, **overrides)` passes the
+settings the section's class shares with it by inheritance, so a setting renamed in the
+section is renamed in the runtime class too and cannot stop flowing, and each bound is
+checked in one place.
 
 This module has no dependency beyond the standard library, so library code anywhere can
 declare its settings without importing the config layer.
@@ -35,7 +43,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 _KEY = "terminal_rsi.setting"
-_TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool", tuple: "tuple", list: "list"}
+_TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool", tuple: "tuple", list: "list",
+               Callable: "callable"}
 
 
 class SettingError(ValueError):
@@ -175,6 +184,8 @@ def _leaf_type(tp: Any, name: str) -> tuple[type, bool, type | None]:
         if len(args) != 2 or args[1] is not Ellipsis:
             raise TypeError(f"{name}: tuple settings are tuple[T, ...], not {tp}")
         return tuple, optional, args[0]
+    if typing.get_origin(tp) is Callable or tp is Callable:
+        return Callable, optional, None
     if tp is Any:
         return object, optional, None
     if not isinstance(tp, type):
@@ -242,6 +253,28 @@ class Section(Mapping):
         """A copy with `changes` (checked like any instance)."""
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any], **overrides: Any) -> Any:
+        """An instance of `cls` from a config section, with `overrides` (fields of `cls`).
+
+        A typed section (a `Section` instance) passes the settings its class shares with
+        `cls` by inheritance: the fields of the most derived Section class both derive from
+        (`shared_section`); the section's further fields belong to its stage (which passes
+        one on as an override where the runtime needs it). A plain mapping (a ConfigDict
+        section, a dict) passes every key, and a key that is not a field of `cls` is a
+        `SettingError`: a setting is never dropped without a word.
+        """
+        if isinstance(section, Section):
+            names = specs(shared_section(cls, type(section)))
+        else:
+            names = specs(cls)
+            unknown = sorted(k for k in section if k not in names)
+            if unknown:
+                raise SettingError(f"{cls.__name__} has no setting "
+                                   f"{', '.join(repr(k) for k in unknown)}; its settings: "
+                                   f"{', '.join(names)}")
+        return cls(**{**{k: section[k] for k in names if k in section}, **overrides})
+
     def to_dict(self) -> dict[str, Any]:
         """Nested plain dict of the settings (sub-sections as dicts, Enums as their values),
         as a ConfigDict's `to_dict()` gives it."""
@@ -251,6 +284,17 @@ class Section(Mapping):
             out[name] = (value.to_dict() if isinstance(value, Section)
                          else value.value if isinstance(value, enum.Enum) else value)
         return out
+
+
+def shared_section(cls: type[Section], other: type[Section]) -> type[Section]:
+    """The most derived Section class that both `cls` and `other` derive from (SettingError
+    when they share none but `Section`)."""
+    for base in other.__mro__:
+        if isinstance(base, type) and issubclass(base, Section) and base is not Section \
+                and issubclass(cls, base):
+            return base
+    raise SettingError(f"a {other.__name__} is not a config section of {cls.__name__}: they "
+                       "share no settings")
 
 
 def flat_specs(cls: type[Section], prefix: str = "") -> dict[str, Setting]:

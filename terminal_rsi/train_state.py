@@ -31,30 +31,51 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
+from terminal_rsi.settings import Section, SettingError, setting
 from terminal_rsi.trainable import join, split_trainable
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """One optax chain. Defaults follow the RPR critic/actor settings (β=(0.9, 0.98), wd 0.1)."""
+class Optimizer(Section):
+    """One AdamW optimizer with global-norm clipping: a stage config's optimizer section
+    (`rpr.config.PhaseConfig.actor_opt`, ...). The optax chain is built from
+    `OptimizerConfig`, this section plus what a stage derives in code."""
 
-    learning_rate: float
-    b1: float = 0.9
-    b2: float = 0.98
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float | None = 1.0
-    warmup_steps: int = 0
-    # cosine decay from learning_rate to learning_rate * end_lr_ratio, reached at step
-    # decay_steps (counted from 0, warm-up included); 0: constant after the warm-up
-    decay_steps: int = 0
-    end_lr_ratio: float = 0.1
+    learning_rate: float = setting(1e-4, "learning rate", lo=0.0)
+    b1: float = setting(0.9, "Adam β1 (paper: 0.9)", lo=0.0, hi=1.0)
+    b2: float = setting(0.98, "Adam β2 (paper: 0.98)", lo=0.0, hi=1.0)
+    weight_decay: float = setting(0.1, "AdamW weight decay on matrices (paper: 0.1)", lo=0.0)
+    grad_clip: float | None = setting(1.0, "global-norm gradient clip (None: off)", lo=0.0)
+    warmup_steps: int = setting(0, "linear lr warm-up over the first N updates of the stage "
+                                "(0: the full rate from the first; a fresh Adam's first "
+                                "update moves every weight by ~lr)", lo=0)
 
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> OptimizerConfig:
-        """From a ConfigDict/dict section with any of these field names."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in dict(section).items() if k in names})
+
+@dataclasses.dataclass(frozen=True)
+class DecayingOptimizer(Optimizer):
+    """An optimizer whose learning rate may decay after the warm-up (cosine)."""
+
+    end_lr_ratio: float = setting(0.1, "cosine: final lr / peak lr", lo=0.0, hi=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(DecayingOptimizer):
+    """One optax chain: a config's optimizer section (`Optimizer`, or `DecayingOptimizer`
+    with its end_lr_ratio) plus what only code sets. Defaults follow the paper's RPR
+    settings (β=(0.9, 0.98), wd 0.1, grad clip 1.0); a stage's section becomes one through
+    `OptimizerConfig.from_config(section, **overrides)`."""
+
+    eps: float = setting(1e-8, "Adam ε", lo=0.0)
+    decay_steps: int = setting(0, "cosine decay from learning_rate to learning_rate x "
+                               "end_lr_ratio, reached at this step (counted from 0, warm-up "
+                               "included; more than warmup_steps); 0: constant after the "
+                               "warm-up", lo=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.decay_steps and self.decay_steps <= self.warmup_steps:
+            raise SettingError(f"OptimizerConfig.decay_steps = {self.decay_steps} must exceed "
+                               f"warmup_steps = {self.warmup_steps} (or be 0: no decay)")
 
 
 def _decay_mask(params):
@@ -78,8 +99,6 @@ def lr_schedule(config: OptimizerConfig) -> Any:
     """The learning rate (a float, or an optax schedule of the step) of `make_optimizer`."""
     peak, warm, decay = config.learning_rate, config.warmup_steps, config.decay_steps
     if decay:
-        if warm >= decay:
-            raise ValueError(f"decay_steps = {decay} must exceed warmup_steps = {warm}")
         return optax.warmup_cosine_decay_schedule(0.0 if warm else peak, peak, warm, decay,
                                                   end_value=peak * config.end_lr_ratio)
     if warm:

@@ -6,9 +6,9 @@
 3. the imports of `terminal_rsi` inside functions are exactly `IN_FUNCTION_IMPORTS` below
    (each with its reason: the list only shrinks);
 4. no function over `MAX_LINES` lines in rpr/, pipeline/, rsr/, agent/ except `LONG_FUNCTIONS`;
-5. below the top layer (`TOP_LAYER`: the config layer, the pipeline, the experiments and the
-   report), no module imports the config layer (`CONFIG_LAYER`) or plotting (`PLOTTING`),
-   at module level or inside a function.
+5. below the top layer (`TOP_LAYER`: the config layer, the config files, the pipeline, the
+   experiments and the report), no module imports the config layer (`CONFIG_LAYER`) or
+   plotting (`PLOTTING`), at module level or inside a function.
 
 The last tests run the same checks on a small synthetic package, so a check that finds
 nothing is known to be able to find something.
@@ -25,7 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "terminal_rsi"
 MAX_LINES = 80
 SHORT_PACKAGES = ("rpr", "pipeline", "rsr", "agent")
-TOP_LAYER = ("configuration", "registry", "configdoc", "pipeline", "experiments", "report")
+TOP_LAYER = ("configuration", "registry", "configdoc", "pipeline", "experiments", "report",
+             "configs")
 CONFIG_LAYER = ("ml_collections", "terminal_rsi.configuration", "terminal_rsi.registry",
                 "terminal_rsi.configdoc", "terminal_rsi.pipeline", "terminal_rsi.experiments")
 PLOTTING = ("matplotlib",)

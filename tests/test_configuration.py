@@ -105,7 +105,8 @@ def test_unknown_experiment():
         registry.get_experiment("nope")
 
 
-CONFIG_FILES = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
+CONFIG_FILES = sorted(f for f in os.listdir(os.path.join(ROOT, "configs"))
+                      if f.endswith(".py") and not f.startswith("_"))
 
 
 @pytest.mark.parametrize("filename", CONFIG_FILES)

@@ -26,8 +26,7 @@ from terminal_rsi.pipeline import validate_ledger
 from terminal_rsi.pipeline.handoff import restore_export
 from terminal_rsi.pipeline.resolve import set_path
 from terminal_rsi.pipeline.runner import Pipeline
-from terminal_rsi.rsr import common as cm
-from terminal_rsi.rsr.stage import run_rsr
+from terminal_rsi.rsr.stage import StageSetup, run_rsr
 from tests.launch_standins import free_port, run_batch_script
 from tests.rpr.helpers import trees_equal, untimed
 from tests.rsr.helpers import follower_policy, tiny_stage_config
@@ -299,11 +298,10 @@ RSR_PROBE = textwrap.dedent("""
     import numpy as np
     from terminal_rsi import multihost, sharding
     assert sharding.maybe_initialize_distributed({})
-    from terminal_rsi.rsr import common as cm
-    from terminal_rsi.rsr.stage import run_rsr
+    from terminal_rsi.rsr.stage import StageSetup, run_rsr
     from tests.rsr.helpers import follower_policy, tiny_stage_config
     # the actor's sampler follows the runbooks perfectly, so Q_clean is not empty
-    cm.make_sampler_policy = lambda actor, mcfg, tok, *a, **k: follower_policy(tok)
+    StageSetup.policy = lambda setup, actor, seed: follower_policy(setup.tokenizer)
     res = run_rsr(tiny_stage_config(**json.loads(sys.argv[2])), sys.argv[1])
     actor = multihost.host_copy(res.actor.params)
     if multihost.is_writer():
@@ -342,8 +340,8 @@ def test_rsr_stage_in_two_processes(tmp_path, monkeypatch):
     work = tmp_path / "two"
     _run_two([str(probe), str(work), json.dumps(over)], tmp_path, timeout=300)
     two = json.loads((work / "summary.json").read_text())
-    monkeypatch.setattr(cm, "make_sampler_policy",
-                        lambda actor, mcfg, tok, *a, **k: follower_policy(tok))
+    monkeypatch.setattr(StageSetup, "policy",
+                        lambda setup, actor, seed: follower_policy(setup.tokenizer))
     one = run_rsr(tiny_stage_config(**over), str(tmp_path / "one"))
     assert two["q_clean_size"] == one.summary["q_clean_size"] >= 2
     assert two["sft_steps"] == one.summary["sft_steps"] == 3

@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import importlib.util
 import os
+from collections.abc import Callable
 
 import ml_collections
 import pytest
@@ -15,7 +16,6 @@ from terminal_rsi import configuration, registry
 from terminal_rsi.configuration import ConfigError, build, config_dict, schema_of
 from terminal_rsi.losses import Aggregation
 from terminal_rsi.rpr.config import PhaseConfig
-from terminal_rsi.rpr.phase import ppo_config
 from terminal_rsi.settings import (
     Section,
     SettingError,
@@ -23,6 +23,7 @@ from terminal_rsi.settings import (
     flat_specs,
     from_tree,
     setting,
+    shared_section,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,6 +126,41 @@ def test_from_tree_fills_defaults():
     assert o == Outer(steps=5, other=Inner(rate=0.25, names=("z",)))
 
 
+@dataclasses.dataclass(frozen=True)
+class StageInner(Inner):
+    """A stage's section: the shared settings and one of the stage's own."""
+
+    label: str = setting("x", "the stage's own setting")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeInner(Inner):
+    """A runtime object of the concept: the section plus a runtime-only setting."""
+
+    callback: Callable[[int], int] | None = setting(None, "a runtime-only callable")
+
+
+def test_from_config_passes_what_the_classes_share():
+    """`Runtime.from_config(section)` passes the settings of the most derived class both
+    derive from; a stage's own field stays behind; a plain mapping's unknown key is an
+    error, never dropped silently; overrides win and are checked like any value."""
+    assert shared_section(RuntimeInner, StageInner) is Inner
+    assert shared_section(RuntimeInner, RuntimeInner) is RuntimeInner
+    with pytest.raises(SettingError, match="share no settings"):
+        shared_section(RuntimeInner, Outer)
+    r = RuntimeInner.from_config(StageInner(rate=0.75, names=("b",), label="y"),
+                                 callback=abs)
+    assert (r.rate, r.names, r.callback) == (0.75, ("b",), abs)
+    assert RuntimeInner.from_config({"rate": 1}).rate == 1.0
+    with pytest.raises(SettingError, match="RuntimeInner has no setting 'label'"):
+        RuntimeInner.from_config({"rate": 0.5, "label": "y"})
+    with pytest.raises(SettingError, match="RuntimeInner.rate = 2.0 is out of range"):
+        RuntimeInner.from_config(StageInner(), rate=2.0)
+    with pytest.raises(SettingError, match="RuntimeInner.callback = 3 has type int; "
+                       "expected callable"):
+        RuntimeInner(callback=3)
+
+
 def test_config_dict_round_trip_and_overrides():
     c = config_dict(Outer, "demo")
     assert c.experiment == "demo" and c.limit is None
@@ -177,7 +213,7 @@ def test_a_phase_setting_reaches_the_losses():
     c = _load(os.path.join(ROOT, "configs", "rpr_phase.py"))
     c.ppo.entropy_coef, c.harness.temperature = 0.01, 0.6
     cfg = registry.get_experiment("rpr_phase").check(c)
-    loss = ppo_config(cfg)  # the one mapping: same-named fields, the rollouts' temperature
+    loss = cfg.loss_config()  # the ppo section's loss settings, the rollouts' temperature
     assert (loss.entropy_coef, loss.temperature, loss.clip_high) == (0.01, 0.6, 5.0)
     assert loss.aggregation is Aggregation.SAMPLE_MEAN
 
@@ -185,5 +221,6 @@ def test_a_phase_setting_reaches_the_losses():
 def test_phase_cross_field_check_reaches_the_user():
     c = _load(os.path.join(ROOT, "configs", "rpr_phase.py"))
     c.harness.temperature = 0.0
-    with pytest.raises(ConfigError, match="harness.temperature = 0.0: RPR optimizes"):
+    with pytest.raises(ConfigError, match=r"PPOConfig.temperature = 0.0 is not allowed: PPO "
+                       r"optimizes the sampling policy .* \(harness.temperature\)"):
         registry.get_experiment("rpr_phase").check(c)

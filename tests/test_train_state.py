@@ -10,6 +10,7 @@ from terminal_rsi import sharding as shd
 from terminal_rsi import train_state as ts
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
+from terminal_rsi.settings import SettingError, specs
 
 # module-scoped fixtures are expensive: keep this module on one xdist worker
 pytestmark = pytest.mark.xdist_group("train_state")
@@ -105,8 +106,16 @@ def test_state_is_donated_and_training_reduces_loss(mesh):
 
 
 def test_optimizer_config_from_config_and_decay_mask():
-    opt = ts.OptimizerConfig.from_config({"learning_rate": 1e-5, "b2": 0.95, "unrelated": 1})
+    opt = ts.OptimizerConfig.from_config({"learning_rate": 1e-5, "b2": 0.95})
     assert opt.learning_rate == 1e-5 and opt.b2 == 0.95
+    with pytest.raises(SettingError, match="no setting 'unrelated'"):  # never dropped
+        ts.OptimizerConfig.from_config({"learning_rate": 1e-5, "unrelated": 1})
+    # a stage's section passes every setting it shares with the runtime class
+    section = ts.Optimizer(learning_rate=2e-5, b1=0.8, b2=0.9, weight_decay=0.0,
+                           grad_clip=None, warmup_steps=3)
+    opt = ts.OptimizerConfig.from_config(section, eps=1e-6)
+    assert {k: opt[k] for k in section} == dict(section) and opt.eps == 1e-6
+    assert not set(vars(ts.OptimizerConfig)["__annotations__"]) & set(specs(ts.Optimizer))
     tx = ts.make_optimizer(ts.OptimizerConfig(1.0, weight_decay=1.0, grad_clip=None))
     params = {"matrix": jnp.ones((2, 2)), "vector": jnp.ones((2,))}
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -136,19 +145,17 @@ def test_cosine_schedule_matches_closed_form(warm):
     assert got[-1] == pytest.approx(3e-4)
     # no decay: constant after the warm-up, as before
     assert ts.lr_schedule(ts.OptimizerConfig(learning_rate=1e-3)) == 1e-3
-    with pytest.raises(ValueError, match="decay_steps"):
-        ts.lr_schedule(ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=8, decay_steps=8))
+    with pytest.raises(SettingError, match="decay_steps = 8 must exceed warmup_steps = 8"):
+        ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=8, decay_steps=8)
 
 
 def test_sft_stage_optimizer_spans_the_stage():
-    import ml_collections
-
     from terminal_rsi.rsr.common import optimizer_config
+    from terminal_rsi.rsr.config import SFTOptimizer
 
-    sec = ml_collections.ConfigDict({"learning_rate": 5e-4, "weight_decay": 0.0,
-                                     "grad_clip": 1.0, "warmup_steps": 0,
-                                     "schedule": "cosine", "end_lr_ratio": 0.2})
+    sec = SFTOptimizer(learning_rate=5e-4, weight_decay=0.0, schedule="cosine",
+                       end_lr_ratio=0.2)
     assert optimizer_config(sec, 12).decay_steps == 12
+    assert optimizer_config(sec, 12).end_lr_ratio == 0.2
     assert optimizer_config(sec, 1).decay_steps == 0  # one step: nothing to decay
-    sec.schedule = "constant"
-    assert optimizer_config(sec, 12).decay_steps == 0
+    assert optimizer_config(sec.replace(schedule="constant"), 12).decay_steps == 0

@@ -7,8 +7,8 @@
 Modules: `actions` (JSON action schema, parsing, observation capping), `trajectory`
 (Trajectory records, terminal reasons and their training policy, JSON Lines shards),
 `packing` (the one packing function), `harness` (HarnessConfig, policies, run_episode),
-`scheduler` (concurrent rollouts with cross-episode generation batching, oversampling,
-one-batch-ahead asynchronous mode).
+`scheduler` (concurrent rollouts with cross-episode generation batching, oversampling),
+`engine` (the one rollout engine every stage collects through, built from the config).
 """
 
 from terminal_rsi.agent.actions import (
@@ -19,6 +19,7 @@ from terminal_rsi.agent.actions import (
     format_observation,
     parse_action,
 )
+from terminal_rsi.agent.engine import Episodes, RolloutEngine, harness_from_config
 from terminal_rsi.agent.harness import (
     EpisodeCancelled,
     GenerationOutput,
@@ -42,7 +43,6 @@ from terminal_rsi.agent.packing import (
     pack_trajectories,
 )
 from terminal_rsi.agent.scheduler import (
-    AsyncRollouts,
     BatchingPolicy,
     RolloutResult,
     RolloutScheduler,
@@ -63,7 +63,8 @@ from terminal_rsi.agent.trajectory import (
 )
 
 __all__ = [
-    "TRAINING_POLICY", "Action", "AsyncRollouts", "BatchingPolicy", "RolloutResult",
+    "TRAINING_POLICY", "Action", "BatchingPolicy", "Episodes", "RolloutEngine",
+    "harness_from_config", "RolloutResult",
     "RolloutScheduler", "SchedulerConfig", "logprob_gap", "pool_sandbox_factory",
     "reference_action", "session_keystrokes", "ActionParseError", "Command", "EpisodeCancelled",
     "GenerationOutput", "GenerationRequest", "HarnessConfig", "PackedBatch", "PackingError",

@@ -53,7 +53,8 @@ from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT, get_format
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
 from terminal_rsi.sandbox.terminal import SessionOutput, session_keystrokes
-from terminal_rsi.sections import ACTION_FORMATS, TERMINALS, VERIFY_MODES
+from terminal_rsi.sections import BACKEND_ALLOWED, NucleusHarness, sandbox_backend_problem
+from terminal_rsi.settings import setting
 from terminal_rsi.tasks.spec import SESSION_SOLUTION_WAIT_S, TERMINAL_TAG, EnvironmentUnavailable
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
 from terminal_rsi.tasks.verify import verify as verify_task
@@ -79,95 +80,64 @@ class SamplingSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class HarnessConfig:
-    """A harness variant (RSR's complementary harnesses are such variants).
+class HarnessConfig(NucleusHarness):
+    """A harness variant (RSR's complementary harnesses are such variants): the config's
+    harness section (`sections.Harness`: budgets, temperature, system prompt, action format,
+    terminal, verify mode; `sections.NucleusHarness`: top-p) plus what only code sets,
+    each declared once with its default, allowed values and doc.
 
-    name: recorded in each trajectory. system_prompt, hints: the instructions (hints are
-    appended to the system prompt as a list). sampling: temperature/top-p/top-k.
-    max_output_tokens: per turn (paper: 8192). max_input_tokens: per call (paper: 96000).
-    max_turns: turn budget. agent_timeout_s: wall clock, replacing the task's (None: the task's).
-    summarize_threshold: context tokens that trigger summarization (paper: 32000; None: off).
-    summarizer: None (the policy summarizes) or a callable(history_text) -> summary text.
-    max_observation_chars: observation cap (head and tail kept).
-    max_parse_errors: the episode ends (`parse_errors`, verified and rewarded like max_turns)
-      at this many unparseable replies; None (default, the paper's harness): the agent gets
-      the parse error as its observation and continues until the turn budget. A small model
-      that emits one malformed reply rarely recovers (tiny default: 3 of 217 RPR episodes had
-      any parseable reply after a parse error, none succeeded), and each error observation
-      costs ~480 tokens of rollout and update compute (docs/pipeline.md).
-    max_command_timeout_s: cap on any command's timeout.
-    observation_role: chat role of observation messages.
-    verify_backend: backend of the verifier sandbox.
-    terminal: how commands run. "exec" (default): each command is one `bash -c` in the
-      sandbox (nothing but files carries over). "session": Terminus semantics, one persistent
-      tmux terminal per episode (`terminal_rsi.sandbox.terminal`): keystrokes are typed
-      literally (a trailing newline runs them, a key name such as C-c is pressed), the
-      observation is the terminal's new output, a command still running at its timeout keeps
-      running and the agent is told so; the session and all it started end when the episode
-      does (after verification). The default system prompt follows the mode.
-    action_format: how a reply writes its action ("json", "xml" or "bash",
-      `terminal_rsi.agent.formats`); the default system prompt follows it, and each
-      trajectory records it (`meta["action_format"]`).
-    verify_mode: where the verifier runs (`terminal_rsi.tasks.verify`). None (default): the
-      task's own mode ("shared" for tasks that check the environment the agent left:
-      Terminal-Bench and Harbor tasks, the terminal families; there the agent's processes
-      are stopped first unless the task checks a live service). "shared" or "separate" (the
-      protected fresh sandbox) override it, except that a task tagged "terminal" is always
-      verified "shared": a fresh sandbox cannot see what its checks look at.
-    private_guidance: text appended to the first prompt of every segment as a separate
-      user message after the public task (RSR fresh execution, `terminal_rsi.rsr.guidance`);
-      "" (default): none. With guidance, each trajectory also records the public prompt of
-      every segment (rendered without it) in `meta["public_prompt_ids"]`, so
-      `terminal_rsi.rsr.guidance.public_view` can remove it.
+    Defaults are the paper's harness (8192 tokens per turn, 96000 per call, summarization
+    at 32000 context tokens) with 32 turns: what a library user of `HarnessConfig()` gets;
+    the laptop-sized configs and the pipeline's scales set their own budgets.
+
+    Notes on the inherited settings: the episode ends with `parse_errors` (verified and
+    rewarded like max_turns) at `max_parse_errors` unparseable replies; None (the paper's
+    harness): the agent gets the parse error as its observation and continues until the
+    turn budget. A small model that emits one malformed reply rarely recovers (tiny default:
+    3 of 217 RPR episodes had any parseable reply after a parse error, none succeeded), and
+    each error observation costs ~480 tokens of rollout and update compute
+    (docs/pipeline.md). `terminal` "session" has Terminus semantics
+    (`terminal_rsi.sandbox.terminal`): keystrokes are typed literally (a trailing newline runs
+    them, a key name such as C-c is pressed), the observation is the terminal's new output, a
+    command still running at its timeout keeps running and the agent is told so; the session
+    and all it started end when the episode does (after verification). `verify_mode`
+    "shared" or "separate" overrides the task's own mode (`terminal_rsi.tasks.verify`),
+    except that a task tagged "terminal" is always verified "shared": a fresh sandbox cannot
+    see what its checks look at. The default system prompt (None, "" or
+    `DEFAULT_SYSTEM_PROMPT`) follows the action format and terminal mode; each trajectory
+    records the action format (`meta["action_format"]`).
     """
 
-    name: str = "json-linear"
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    hints: tuple[str, ...] = ()
-    sampling: SamplingSettings = SamplingSettings()
-    max_output_tokens: int = 8192
-    max_input_tokens: int = 96000
-    max_turns: int = 32
-    agent_timeout_s: float | None = None
-    summarize_threshold: int | None = 32000
-    summarizer: Callable[[str], str] | None = None
-    max_summary_tokens: int = 1024
-    max_observation_chars: int = 8000
-    max_parse_errors: int | None = None
-    max_command_timeout_s: float = 120.0
-    observation_role: str = "observation"
-    verify_backend: str = "local"
-    terminal: str = "exec"
-    verify_mode: str | None = None
-    private_guidance: str = ""
-    action_format: str = "json"
+    name: str = setting("json-linear", "the variant's name, recorded in each trajectory")
+    hints: tuple[str, ...] = setting((), "hints appended to the system prompt as a list")
+    top_k: int = setting(0, "sample from the k most likely tokens (0: off)", lo=0)
+    summarizer: Callable[[str], str] | None = setting(
+        None, "callable(history_text) -> summary text (None: the policy summarizes)")
+    max_summary_tokens: int = setting(1024, "max tokens of a summary", lo=1)
+    max_command_timeout_s: float = setting(120.0, "cap on any command's timeout", lo=0.0)
+    observation_role: str = setting("observation", "chat role of observation messages")
+    verify_backend: str = setting("local", "backend of the verifier sandbox (a stage sets "
+                                  "its tasks.backend)", check=sandbox_backend_problem,
+                                  allowed=BACKEND_ALLOWED)
+    private_guidance: str = setting(
+        "", "text appended to the first prompt of every segment as a separate user message "
+        "after the public task (RSR fresh execution, `terminal_rsi.rsr.guidance`; '': none); "
+        "with guidance, each trajectory also records the public prompt of every segment "
+        "(rendered without it) in meta['public_prompt_ids'], so "
+        "`terminal_rsi.rsr.guidance.public_view` can remove it")
 
-    def __post_init__(self):
-        for f in ("max_output_tokens", "max_input_tokens", "max_turns",
-                  "max_observation_chars", "max_summary_tokens"):
-            if int(getattr(self, f)) <= 0:
-                raise ValueError(f"HarnessConfig.{f} must be > 0, got {getattr(self, f)}")
-        for f in ("summarize_threshold", "max_parse_errors"):
-            if getattr(self, f) is not None and int(getattr(self, f)) <= 0:
-                raise ValueError(f"HarnessConfig.{f} must be > 0 or None, got "
-                                 f"{getattr(self, f)}")
-        if self.terminal not in TERMINALS:
-            raise ValueError(f"HarnessConfig.terminal must be one of {TERMINALS}, got "
-                             f"{self.terminal!r}")
-        if self.action_format not in ACTION_FORMATS:
-            raise ValueError(f"HarnessConfig.action_format must be one of {ACTION_FORMATS}, "
-                             f"got {self.action_format!r}")
-        if self.verify_mode is not None and self.verify_mode not in VERIFY_MODES:
-            raise ValueError(f"HarnessConfig.verify_mode must be None or one of "
-                             f"{VERIFY_MODES}, got {self.verify_mode!r}")
+    @property
+    def sampling(self) -> SamplingSettings:
+        """The sampling settings of this harness's generation requests."""
+        return SamplingSettings(self.temperature, self.top_p, self.top_k)
 
     @property
     def system_text(self) -> str:
-        """The system prompt: the configured one; the default prompt or the one-line
-        SHORT_SYSTEM_PROMPT (both written for JSON in a fresh shell) become their versions in
-        the harness's action format and terminal mode."""
+        """The system prompt: the configured one; the default prompt (None, "" or
+        DEFAULT_SYSTEM_PROMPT) or the one-line SHORT_SYSTEM_PROMPT (both written for JSON in a
+        fresh shell) become their versions in the harness's action format and terminal mode."""
         fmt = get_format(self.action_format)
-        if self.system_prompt == DEFAULT_SYSTEM_PROMPT:
+        if not self.system_prompt or self.system_prompt == DEFAULT_SYSTEM_PROMPT:
             return fmt.system_prompt(self.terminal)
         if self.system_prompt == SHORT_SYSTEM_PROMPT:
             return fmt.short_prompt(self.terminal)
@@ -183,31 +153,6 @@ class HarnessConfig:
             return task.verifier.mode
         return self.verify_mode
 
-    @classmethod
-    def from_config(cls, section, **overrides) -> HarnessConfig:
-        """The harness of an experiment config's `harness` section (a mapping): the keys of
-        `CONFIG_FIELDS` it has, its system prompt when set (None or "": the default), and
-        `sampling` from its temperature / top_p; `overrides` (HarnessConfig fields) win. One
-        mapping for every experiment that runs episodes (RPR, evaluation, RSR's H0,
-        rollouts), so a budget set in a config reaches all of them alike."""
-        kw: dict[str, Any] = {k: section[k] for k in CONFIG_FIELDS if k in section
-                              and (section[k] is not None or k in _NULLABLE)}
-        if section.get("system_prompt"):
-            kw["system_prompt"] = section["system_prompt"]
-        sampling = {k: float(section[k]) for k in ("temperature", "top_p")
-                    if section.get(k) is not None}
-        if sampling:
-            kw["sampling"] = SamplingSettings(**sampling)
-        return cls(**{**kw, **overrides})
-
-
-# config.harness keys `HarnessConfig.from_config` copies as they are (None is kept for the
-# _NULLABLE ones, where it means off / the task's)
-CONFIG_FIELDS = ("name", "max_turns", "max_output_tokens", "max_input_tokens",
-                 "summarize_threshold", "agent_timeout_s", "max_observation_chars",
-                 "max_parse_errors", "terminal", "verify_mode", "action_format")
-_NULLABLE = ("summarize_threshold", "agent_timeout_s", "max_parse_errors", "verify_mode")
-
 
 # ----------------------------------------------------------------------------- policies
 
@@ -216,9 +161,10 @@ _NULLABLE = ("summarize_threshold", "agent_timeout_s", "max_parse_errors", "veri
 class GenerationRequest:
     """One row of a policy call. `task`, `turn` and `purpose` ("action" or "summary") are
     context for scripted policies; model policies use only the token fields and `stream`:
-    the episode's random stream (None: the policy's running key). A `SamplerPolicy` samples a
-    request with a stream from a key of (its seed, stream, turn, purpose) alone, so the same
-    episode replays the same randomness whatever else is in flight (`StreamedPolicy`)."""
+    the episode's random stream (None: the policy's running key; an int, or a tuple of ints
+    such as (namespace, index)). A `SamplerPolicy` samples a request with a stream from a key
+    of (its seed, stream, turn, purpose) alone, so the same episode replays the same
+    randomness whatever else is in flight (`StreamedPolicy`)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -226,7 +172,7 @@ class GenerationRequest:
     task: Any = None
     turn: int = 0
     purpose: str = "action"
-    stream: int | None = None
+    stream: int | tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -300,7 +246,9 @@ class SamplerPolicy:
             if r.stream is None:
                 keys.append(jax.random.fold_in(key, i))
                 continue
-            k = jax.random.fold_in(self._stream_key, int(r.stream))
+            k = self._stream_key
+            for part in r.stream if isinstance(r.stream, tuple) else (r.stream,):
+                k = jax.random.fold_in(k, int(part))
             k = jax.random.fold_in(k, int(r.turn))
             keys.append(jax.random.fold_in(k, int(r.purpose == "summary")))
         return jnp.stack(keys)
@@ -312,10 +260,10 @@ class StreamedPolicy:
     the stream and its own tokens (common random numbers: the same actor on the same stream
     replays the same episode; two actors on it differ only where they differ)."""
 
-    def __init__(self, policy, stream: int):
+    def __init__(self, policy, stream: int | tuple[int, ...]):
         self.policy = policy
         self.tokenizer = policy.tokenizer
-        self.stream = int(stream)
+        self.stream = tuple(int(x) for x in stream) if isinstance(stream, tuple) else int(stream)
 
     @property
     def version(self) -> int:

@@ -1,5 +1,6 @@
 """Rollout scheduler: many concurrent episodes, generation batched across them (paper §3.1,
-Appendix A), oversampling, and a one-batch-ahead asynchronous mode.
+Appendix A), and oversampling. Stages collect through `engine.RolloutEngine`, which builds
+these from the config.
 
     sched = RolloutScheduler(policy, harness, sandbox_factory, SchedulerConfig(concurrency=16),
                              scorer=EpisodeScorer("fdr", divisors))   # the stage's reward
@@ -20,10 +21,9 @@ are returned separately (`keep_stragglers=True`). `stats` records completion tim
 and straggling episodes and the reward of kept versus all finished episodes, so the
 selection bias toward fast episodes is visible.
 
-Asynchronous mode (`AsyncRollouts`): while the trainer updates on batch k, batch k+1 is
-already rolling out with the policy version of that moment; every trajectory (and every
-turn) records the version that generated it, and `stats["policy_lag_mean"]` is the lag at
-hand-off. The train/rollout log-probability gap is `packing`-side: `logprob_gap`.
+Every trajectory (and every turn) records the policy version that generated it; the
+one-batch-ahead mode of RPR runs a `collect` in the background (`engine.RolloutEngine.ahead`)
+while the trainer updates. The train/rollout log-probability gap: `logprob_gap`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,6 +163,15 @@ class RolloutResult:
     errors: list[str] = dataclasses.field(default_factory=list)  # episodes that raised
 
 
+def _episode_policy(batcher: BatchingPolicy, config: SchedulerConfig, index: int,
+                    namespace: int | None):
+    """Episode `index`'s view of the batched policy: with `episode_streams`, its own random
+    stream, `index` or (namespace, index)."""
+    if not config.episode_streams:
+        return batcher
+    return StreamedPolicy(batcher, index if namespace is None else (namespace, index))
+
+
 def _progress_postfix(trajs: Sequence[Trajectory]) -> dict[str, str]:
     n = max(len(trajs), 1)
     return {"success": f"{sum(t.S for t in trajs) / n:.2f}",
@@ -190,18 +199,23 @@ class RolloutScheduler:
 
     def collect(self, tasks: Iterable, batch_size: int, *,
                 policy_version: int | None = None, desc: str = "rollout",
-                first_index: int = 0) -> RolloutResult:
+                first_index: int = 0, harnesses: Sequence[HarnessConfig] | None = None,
+                stream_namespace: int | None = None) -> RolloutResult:
         """Launch B' = num_launch(B) episodes (tasks taken in order from `tasks`) and return
         the first B trainable ones to finish (see the module doc). `policy_version` (default:
         the policy's current version) is recorded in every trajectory; each turn also records
         the version that actually generated it. `desc` labels the progress bar.
         `first_index`: the launch index (`meta["launch_index"]`, and with `episode_streams`
-        the random stream) of the first task, for a caller that runs a slice of a larger
-        launch list (one process's share): its episodes sample as they would in one run."""
+        the random stream, (`stream_namespace`, index) when given) of the first task, for a
+        caller that runs a slice of a larger launch (one process's share): its episodes
+        sample as in one run. `harnesses`: one per task (default: the scheduler's)."""
         cfg = self.config
         launch = list(itertools.islice(iter(tasks), self.num_launch(batch_size)))
         if not launch:
             raise ValueError("collect needs at least one task")
+        harnesses = [self.harness] * len(launch) if harnesses is None else harnesses
+        if len(harnesses) < len(launch):
+            raise ValueError(f"collect got {len(harnesses)} harnesses for {len(launch)} tasks")
         batcher = BatchingPolicy(self.policy, cfg.max_batch_wait_s)
         version = batcher.version if policy_version is None else int(policy_version)
         cancel = threading.Event()
@@ -213,8 +227,8 @@ class RolloutScheduler:
                 raise EpisodeCancelled("cancelled before start")
             batcher.episode_started()
             try:
-                pol = StreamedPolicy(batcher, first_index + i) if cfg.episode_streams else batcher
-                traj = run_episode(task, pol, self.sandbox_factory, self.harness,
+                pol = _episode_policy(batcher, cfg, first_index + i, stream_namespace)
+                traj = run_episode(task, pol, self.sandbox_factory, harnesses[i],
                                    policy_version=version, cancel=cancel)
                 if self.scorer is not None:
                     self.scorer(traj)
@@ -224,7 +238,6 @@ class RolloutScheduler:
                 finish[i] = time.monotonic() - t0
 
         kept: list[Trajectory] = []
-        kept_idx: list[int] = []
         stragglers: list[Trajectory] = []
         dropped: list[Trajectory] = []
         cancelled = 0
@@ -250,7 +263,6 @@ class RolloutScheduler:
                     dropped.append(traj)
                 elif len(kept) < batch_size:
                     kept.append(traj)
-                    kept_idx.append(i)
                     if len(kept) == batch_size and not cfg.keep_stragglers:
                         cancel.set()
                 else:
@@ -296,49 +308,6 @@ class RolloutScheduler:
             "policy_calls": float(len(batcher.batch_sizes)),
         }
         return st
-
-
-class AsyncRollouts:
-    """One-batch-ahead rollouts: `next()` returns batch k and has already launched batch
-    k+1, which rolls out (with whatever policy version is current) while the caller trains
-    on batch k. Stats gain `policy_lag_mean`/`policy_lag_max` (current version minus the
-    version each kept episode started with) at hand-off."""
-
-    def __init__(self, scheduler: RolloutScheduler, task_batches: Iterator[Sequence],
-                 batch_size: int):
-        self.scheduler = scheduler
-        self.task_batches = iter(task_batches)
-        self.batch_size = batch_size
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="async-rollout")
-        self._next: cf.Future | None = None
-        self._launch()
-
-    def _launch(self) -> None:
-        try:
-            tasks = next(self.task_batches)
-        except StopIteration:
-            self._next = None
-            return
-        version = int(getattr(self.scheduler.policy, "version", 0))
-        self._next = self._pool.submit(self.scheduler.collect, tasks, self.batch_size,
-                                       policy_version=version)
-
-    def next(self) -> RolloutResult:
-        if self._next is None:
-            raise StopIteration("no more task batches")
-        t0 = time.monotonic()
-        result = self._next.result()
-        wait = time.monotonic() - t0
-        self._launch()
-        current = int(getattr(self.scheduler.policy, "version", 0))
-        lags = [current - t.policy_version for t in result.trajectories]
-        result.stats["policy_lag_mean"] = float(np.mean(lags)) if lags else float("nan")
-        result.stats["policy_lag_max"] = float(max(lags)) if lags else float("nan")
-        result.stats["rollout_wait_s"] = wait
-        return result
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def logprob_gap(rollout_logprobs: np.ndarray, train_logprobs: np.ndarray,

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from terminal_rsi.sections import Harness, InitWeights, ModelSource, Sampler, Seeded, Tasks
+from terminal_rsi.sections import (
+    LAPTOP_HARNESS,
+    InitWeights,
+    ModelSource,
+    NucleusHarness,
+    Sampler,
+    Seeded,
+    Tasks,
+)
 from terminal_rsi.settings import Section, SettingError, setting
 from terminal_rsi.tasks import registry
 
@@ -36,11 +44,10 @@ class EvalTasks(Tasks):
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalHarness(Harness):
+class EvalHarness(NucleusHarness):
     """The harness of evaluation: its system prompt must be the one the weights were trained
-    under; sampling follows the paper (temperature 0.6, top-p 0.95)."""
-
-    top_p: float = setting(0.95, "nucleus sampling (paper: 0.95)", lo=0.0, hi=1.0)
+    under; sampling follows the paper (temperature 0.6, top-p 0.95: `EvalConfig`'s
+    defaults)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +68,8 @@ class EvalConfig(Seeded):
     model: ModelSource = ModelSource()
     init: InitWeights = InitWeights()
     tasks: EvalTasks = EvalTasks(n_per_family=2)
-    harness: EvalHarness = EvalHarness(max_turns=4, max_output_tokens=256, temperature=0.6)
+    harness: EvalHarness = EvalHarness(**{**LAPTOP_HARNESS, "max_turns": 4,
+                                          "max_output_tokens": 256},
+                                       temperature=0.6, top_p=0.95)
     eval: EvalRuns = EvalRuns()
     rollout: Sampler = Sampler(decode_block=16)

@@ -17,8 +17,9 @@ in one scheduler batch (T·k episodes, each with its own sampling randomness); a
 without a verdict (dropped, errored) counts as a failure.
 
 Several processes (a multi-host run): each runs its share of every suite's episodes with a
-local copy of the weights, episode i from stream i as in one process (`collect_share`); every
-process summarizes all of them and process 0 writes the files.
+local copy of the weights, episode i from stream i as in one process
+(`agent.RolloutEngine.run`); every process summarizes all of them and process 0 writes the
+files.
 
 Outputs in `<workdir>`: `<suite>.jsonl` (every episode, `write_shard` format, with
 `meta.eval_run` and `meta.eval_task`), `metrics.json` (one dict per suite: see
@@ -47,14 +48,10 @@ from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
 from terminal_rsi.advantages import compute_advantages
 from terminal_rsi.agent import (
-    HarnessConfig,
-    RolloutScheduler,
-    SamplerPolicy,
-    SchedulerConfig,
-    gather_trajectories,
     pack_trajectories,
     write_shard,
 )
+from terminal_rsi.agent.engine import RolloutEngine, sampler_buckets
 from terminal_rsi.alignment import trained_mask
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.checkpoint import import_weights
@@ -73,8 +70,7 @@ from terminal_rsi.models.loading import (  # noqa: F401  (re-exported for caller
 from terminal_rsi.models.transformer import ValueModel
 from terminal_rsi.progress import echo
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
-from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import get_suite, task_sandbox_factory
+from terminal_rsi.tasks import get_suite
 
 SUITES = ("heldout_instances", "heldout_families")
 SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
@@ -180,53 +176,25 @@ def critic_explained_variance(critic_graphdef, critic_params, trajectories, buck
     return ev if np.isfinite(ev) else None
 
 
-def collect_share(sched: RolloutScheduler, launch: list, desc: str) -> tuple[list, list, list]:
-    """(finished, dropped, errors) of every episode of `launch`: with several processes each
-    runs its share (`multihost.process_share`, launch indices and random streams as in one
-    run) and the results are gathered in launch order on every process."""
-    lo, hi = multihost.process_share(len(launch))
-
-    def share():
-        if hi == lo:  # more processes than episodes
-            return [], [], []
-        res = sched.collect(launch[lo:hi], hi - lo, desc=desc, first_index=lo)
-        return res.trajectories + res.stragglers, res.dropped, res.errors
-
-    mine, dropped, errors = multihost.run_share(share)
-    if not multihost.is_multiprocess():
-        return mine, dropped, errors
-    return (gather_trajectories(mine), gather_trajectories(dropped),
-            multihost.gather(list(errors)))
-
-
 def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *,
                strata=None, critic=None, log=echo) -> dict:
     """Run every suite k times and summarize; writes `<suite>.jsonl` shards (process 0).
     With several processes, each samples its share of every suite's episodes with a local
-    copy of the weights (`collect_share`), and every process summarizes all of them. A
+    copy of the weights (`RolloutEngine.run`), and every process summarizes all of them. A
     progress bar per suite (`terminal_rsi.progress`); one summary line per suite through
     `log` (EV n/a: no critic given, or no episode to measure it on)."""
-    h, r, e = config.harness, config.rollout, config.eval
-    params = multihost.local_replica(model.params)  # sampling issues no collective
+    e = config.eval
     divisors = _divisors(config)
-    buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple)
-    sampler = _cached(("sampler", model.config, r.decode_block, buckets),
-                      lambda: Sampler(model.graphdef, model.config, decode_block=r.decode_block,
-                                      buckets=buckets, pad_id=int(model.tokenizer.pad_id)))
-    harness = HarnessConfig.from_config(h, name="eval", verify_backend=config.tasks.backend)
-    scorer = EpisodeScorer(e.reward_fn, divisors)  # the critic's EV targets
+    engine = RolloutEngine.from_config(config, model, concurrency=e.concurrency, name="eval",
+                                       scorer=EpisodeScorer(e.reward_fn, divisors))
     out = {}
     for si, (suite, tasks) in enumerate(tasks_by_suite.items()):
         t0 = time.monotonic()
         # episode i samples from stream i of the suite's seed, whichever process runs it
-        policy = SamplerPolicy(sampler, params, model.tokenizer, seed=config.seed * 1000 + si)
-        sched = RolloutScheduler(
-            policy, harness, task_sandbox_factory(config.tasks),
-            SchedulerConfig(concurrency=e.concurrency, oversample=0.0, keep_stragglers=True,
-                            episode_streams=True),
-            scorer=scorer)
+        policy = engine.policy(model.params, seed=config.seed * 1000 + si)
         launch = [task for _ in range(e.k) for task in tasks]
-        got, dropped, errors = collect_share(sched, launch, f"eval {suite}")
+        done = engine.run(policy, launch, desc=f"eval {suite}")
+        got, dropped, errors = done.trainable(), done.dropped(), done.errors
         runs: list[list] = [[None] * len(tasks) for _ in range(e.k)]
         for traj in got:
             i = int(traj.meta["launch_index"])
@@ -237,7 +205,8 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
             write_shard(os.path.join(workdir, shard), got + dropped)
         ev = None
         if critic is not None:
-            ev = critic_explained_variance(critic[0], critic[1], got, buckets)
+            ev = critic_explained_variance(critic[0], critic[1], got,
+                                           sampler_buckets(config.rollout))
         out[suite] = summarize_suite(tasks, runs, divisors=divisors, strata=strata,
                                      explained_variance=ev, trajectories=shard)
         out[suite]["episode_errors"] = len(errors)

@@ -17,24 +17,16 @@ import os
 
 from flax import nnx
 
-from terminal_rsi.agent import (
-    HarnessConfig,
-    Policy,
-    ReferencePolicy,
-    RolloutScheduler,
-    SamplerPolicy,
-    SchedulerConfig,
-    write_shard,
-)
+from terminal_rsi.agent import Policy, ReferencePolicy, RolloutEngine, write_shard
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.models.config import get_model_config
+from terminal_rsi.models.loading import LoadedModel
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer
-from terminal_rsi.sampling import Buckets, Sampler
 from terminal_rsi.sections import BatchedRollout, Harness, Seeded, Tasks
 from terminal_rsi.settings import Section, setting
-from terminal_rsi.tasks import get_suite, open_task_sandbox
+from terminal_rsi.tasks import get_suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +47,8 @@ class RolloutTasks(Tasks):
 class RolloutsHarness(Harness):
     """The harness of the episodes."""
 
-    name: str = setting("json-linear", "harness variant name recorded in trajectories")
+    name: str = setting("json-linear", "harness variant name recorded in trajectories "
+                        "(HarnessConfig.name)")
     reward_fn: str = setting("fdr", "reward function", choices=("binary", "fdr", "spr"))
 
 
@@ -84,37 +77,28 @@ class RolloutsConfig(Seeded):
 CONFIG = RolloutsConfig
 
 
-def make_policy(config: RolloutsConfig) -> Policy:
+def make_policy(config: RolloutsConfig, engine: RolloutEngine) -> Policy:
     """The reference policy, or the `tiny` preset with random weights (seeded by
-    config.seed) through the sampler."""
-    tok = ByteTokenizer()
+    config.seed) through the engine's sampler."""
     if config.policy.kind == "reference":
-        return ReferencePolicy(tok)
-    cfg = get_model_config("tiny")
-    graphdef, state = nnx.split(DecoderLM(cfg, rngs=nnx.Rngs(config.seed)))
-    r = config.rollout
-    sampler = Sampler(graphdef, cfg, decode_block=r.decode_block,
-                      buckets=Buckets(prefill_chunk=r.prefill_chunk,
-                                      cache_multiple=r.cache_multiple))
-    return SamplerPolicy(sampler, nnx.to_pure_dict(state), tok, seed=config.seed)
+        return ReferencePolicy(engine.model.tokenizer)
+    state = nnx.split(DecoderLM(engine.model.config, rngs=nnx.Rngs(config.seed)))[1]
+    return engine.policy(nnx.to_pure_dict(state), seed=config.seed)
 
 
 def run(config: RolloutsConfig, workdir: str) -> dict:
     """Collect the batch, write the shard and `rollout_stats.json`, print a summary line."""
     h, r, t = config.harness, config.rollout, config.tasks
-    harness = HarnessConfig.from_config(
-        h, verify_backend=t.backend)
-    sched = RolloutScheduler(
-        make_policy(config), harness, lambda task: open_task_sandbox(
-            task, t.backend, allow_plain=t.allow_plain_sandbox),
-        SchedulerConfig(concurrency=r.concurrency, oversample=r.oversample,
-                        keep_stragglers=r.keep_stragglers, progress=r.progress),
-        scorer=EpisodeScorer(h.reward_fn))
+    cfg = get_model_config("tiny")
+    model = LoadedModel(ByteTokenizer(), cfg, nnx.split(DecoderLM(cfg, rngs=nnx.Rngs(0)))[0])
+    engine = RolloutEngine.from_config(config, model, name=h.name, progress=r.progress,
+                                       scorer=EpisodeScorer(h.reward_fn))
     tasks = list(get_suite(t.suite, t.split, n_per_family=t.n_per_family,
                            families=tuple(t.families) or None))
-    n = sched.num_launch(r.batch_size)
+    n = engine.num_launch(r.batch_size, r.oversample)
     launch = [tasks[i % len(tasks)] for i in range(n)]
-    res = sched.collect(launch, r.batch_size)
+    res = engine.first(make_policy(config, engine), launch, r.batch_size,
+                       oversample=r.oversample, keep_stragglers=r.keep_stragglers)
     shard = os.path.join(workdir, "trajectories", "shard-00000.jsonl")
     write_shard(shard, res.trajectories + res.stragglers + res.dropped)
     stats = {k: (None if v != v else v) for k, v in res.stats.items()}  # NaN -> null

@@ -39,7 +39,7 @@ from typing import Any
 @dataclasses.dataclass(frozen=True)
 class StageSpec:
     """name: stage (and its workdir under the run dir). experiment: registry name.
-    config_file: `configs/<file>.py` (relative to the repository root). inputs: role ("actor",
+    config_file: `configs/<file>.py` (the package's terminal_rsi/configs/). inputs: role ("actor",
     "critic") -> producing stage. overrides: dotted config path -> value, set last.
     kind: "base" | "rsr" | "warmup" | "rpr" (the handoff rules that apply).
     evaluate: "actor" (evaluate the stage's own actor), "critic" (critic EV on the eval

@@ -3,14 +3,19 @@
     {"format": "terminal_rsi.ledger/1", "run": "<abs run dir>", "updated": "<iso time>",
      "stages": [{"name", "experiment", "status", "dir", "inputs", "outputs", "config_hash",
                  "started", "finished", "wall_s", "train": {...}, "eval": {suite: {...}},
-                 "eval_wall_s", "validation": {...}, "error"}, ...],   # graph order
+                 "eval_wall_s", "validation": {...}, "settings": {...}, "error"},
+                ...],                                                   # graph order
      "plots": {"progression": "plots/progression.png", ...}}
 
 Paths inside are relative to the run dir. Status: pending | running | done | failed.
 Readers must tolerate missing optional keys (a pending or failed stage has no eval; ledgers
 written before model selection have no validation). "validation" is the stage's model
 selection record (`terminal_rsi.pipeline.validation`); "eval_wall_s" the seconds its held-out
-evaluation took ("wall_s" is its training).
+evaluation took ("wall_s" is its training). "settings" is what the run resolved for the
+stage beyond its config file: dotted path -> {"value", "set_by"}, each setting whose value
+differs from `configs/<stage>.py` with the layer that set it (`terminal_rsi.pipeline.resolve`:
+e.g. "scale 'ci' experiments.rpr_phase", "--config.stages.rsr1", "graph: input handoff"),
+rewritten by every run.
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ class Ledger:
                                   "dir": name, "inputs": {}, "outputs": {},
                                   "config_hash": None, "started": None, "finished": None,
                                   "wall_s": None, "train": {}, "eval": {}, "error": None,
-                                  "validation": {}, "eval_wall_s": None}
+                                  "validation": {}, "eval_wall_s": None,
+                                  "settings": {}}
             e["experiment"] = experiment
             self.stages.append(e)
         # stages recorded earlier but not part of this run's graph stay in the record
@@ -179,8 +185,13 @@ def validate_ledger(d: Mapping) -> None:
         if s.get("status") not in STATUSES:
             raise LedgerError(f"{where}: status {s.get('status')!r} not in {STATUSES}")
         _need(s, "dir", str, where)
-        for key in ("inputs", "outputs", "train", "eval", "validation"):
+        for key in ("inputs", "outputs", "train", "eval", "validation", "settings"):
             _need(s, key, dict, where, optional=True)
+        for path, rec in (s.get("settings") or {}).items():
+            if not isinstance(rec, dict) or set(rec) != {"value", "set_by"} or not isinstance(
+                    rec["set_by"], str):
+                raise LedgerError(f"{where}: settings[{path!r}] = {rec!r}; expected "
+                                  '{"value": ..., "set_by": "<layer>"}')
         _need(s, "eval_wall_s", (int, float), where, optional=True)
         if (s.get("validation") or {}).get("decision") not in (None, *DECISIONS):
             raise LedgerError(f"{where}: validation decision {s['validation']['decision']!r} "

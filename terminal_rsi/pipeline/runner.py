@@ -7,11 +7,14 @@ evaluate every stage, keep the ledger and the plots (docs/pipeline.md).
 
 Each stage goes resolve → run → hand off → validate → evaluate:
 
-- resolve (`terminal_rsi.pipeline.resolve`): every needed stage config is built (the stage's
-  own config file, the pipeline's shared settings, the scale preset, the user's
-  `config.stages.<stage>.*`, then the graph rules; a misspelled scale key, or a user value
-  for a key the graph derives, is refused with what to set instead) and validated against
-  its experiment's schema before any stage runs; so is its config hash.
+- resolve (`terminal_rsi.pipeline.resolve`): every needed stage config is built from its
+  layers (the stage's own config file, the pipeline's seed and model, the scale preset, the
+  user's shared and `config.stages.<stage>.*` settings, then the graph rules; a scale key
+  that takes effect nowhere, a value replaced by a layer not declared to replace it, or a
+  user value for a key the graph derives, is refused with what to set instead) and
+  validated against its experiment's schema before any stage runs; so is its config hash.
+  The run prints each stage's settings that differ from its config file, with the layer
+  that set each, and the ledger keeps them (`settings`).
 - run (`Pipeline.run_stage`): the stage's experiment in `<run_dir>/<stage>`, or for a
   bypassed stage a copy of its inputs.
 - hand off (`terminal_rsi.pipeline.handoff`): the stage's weights-only exports are checked
@@ -58,17 +61,20 @@ from terminal_rsi.pipeline.config import resolved
 from terminal_rsi.pipeline.graph import RPR1, graph_for, prerequisites
 from terminal_rsi.pipeline.handoff import check_handoff, copy_inputs, exports_ok
 from terminal_rsi.pipeline.ledger import PLOTS, Ledger, now_iso
-from terminal_rsi.pipeline.resolve import (  # noqa: F401  (re-exported for configs/*.py)
+from terminal_rsi.pipeline.resolve import (
     PipelineError,
+    ResolvedStage,
+    check_scale,
     eval_base_config,
     get_path,
     graph_rules,
-    load_config_file,
-    resolve_stage_config,
+    resolve_stage,
     set_path,
+    settings_block,
+    settings_record,
+    shared_layers,
     shared_settings,
     stage_hash,
-    stage_override_template,
 )
 from terminal_rsi.pipeline.scales import get_scale
 from terminal_rsi.pipeline.stage_eval import (
@@ -111,7 +117,7 @@ class Pipeline:
         self.order = prerequisites(self.targets, self.graph)
         self.executed: list[str] = []
         self.evaluated: list[str] = []
-        self._configs: dict[str, ml_collections.ConfigDict] = {}
+        self._resolved: dict[str, ResolvedStage] = {}
         self._hashes: dict[str, str] = {}
         os.makedirs(self.run_dir, exist_ok=True)
         self.ledger = Ledger(self.run_dir, [(n, self.graph[n].experiment) for n in self.order])
@@ -143,17 +149,29 @@ class Pipeline:
         """Dotted key -> value applied to every stage config that has the key."""
         return shared_settings(self.config, self.scale, self.divisors_path)
 
-    def stage_config(self, name: str) -> ml_collections.ConfigDict:
-        """The resolved, validated config of stage `name` (memoized)."""
-        if name not in self._configs:
+    def resolved_stage(self, name: str) -> ResolvedStage:
+        """Stage `name` resolved (`resolve.resolve_stage`: its config and which layer set
+        each setting; memoized)."""
+        if name not in self._resolved:
             spec = self.graph[name]
             if name in self.bypass:  # a pass-through: no experiment runs
-                cfg = ml_collections.ConfigDict({"experiment": spec.experiment, "bypass": True})
+                self._resolved[name] = ResolvedStage(ml_collections.ConfigDict(
+                    {"experiment": spec.experiment, "bypass": True}))
             else:
-                cfg = resolve_stage_config(spec, self.config, self.scale, self.shared_settings(),
-                                           lambda: self._graph_rules(name))
-            self._configs[name] = cfg
-        return self._configs[name]
+                self._resolved[name] = resolve_stage(
+                    spec, self.config, self.scale,
+                    shared_layers(self.config, self.scale, self.divisors_path),
+                    lambda: self._graph_rules(name))
+        return self._resolved[name]
+
+    def stage_config(self, name: str) -> ml_collections.ConfigDict:
+        """The resolved, validated config of stage `name` (memoized)."""
+        return self.resolved_stage(name).config
+
+    def settings(self, name: str) -> dict:
+        """Stage `name`'s settings that differ from its config file, with the layer that set
+        each (`resolve.settings_record`; the ledger's `settings`)."""
+        return settings_record(self.resolved_stage(name), self.run_dir)
 
     def _graph_rules(self, name: str) -> dict:
         spec = self.graph[name]
@@ -192,8 +210,9 @@ class Pipeline:
         return self.validating and self.graph[name].evaluate == "actor"
 
     def resolve_all(self) -> None:
-        """Resolve and validate every needed stage config, and the evaluation's held-out
-        families, before any work."""
+        """Resolve and validate the scale, every needed stage config, and the evaluation's
+        held-out families, before any work."""
+        check_scale(self.config, self.scale)
         for n in self.order:
             self.stage_config(n)
             self.config_hash(n)
@@ -221,11 +240,22 @@ class Pipeline:
             self.frozen_divisors()
             self.frozen_strata()
         multihost.barrier("pipeline_frozen")
-        self.ledger.save()
+        self.record_settings(order)
         for n in order:
             self.ensure(n)
         self.plot()
         return self.ledger
+
+    def record_settings(self, order: Sequence[str]) -> None:
+        """Print each stage's settings that differ from its config file, with the layer that
+        set each (one block per stage), and keep them in the ledger."""
+        for n in order:
+            rec = self.settings(n)
+            self.ledger.entry(n)["settings"] = rec
+            self.log(f"[pipeline] {n}: bypassed (its inputs handed on)" if n in self.bypass
+                     else settings_block(n, self.graph[n].config_file, rec,
+                                         self.resolved_stage(n).layers))
+        self.ledger.save()
 
     def ensure(self, name: str) -> None:
         """Make stage `name` done: its inputs first, then reuse or run, then evaluate."""
@@ -310,8 +340,8 @@ class Pipeline:
                 atomic_write_json(os.path.join(self.stage_dir(name), "summary.json"),
                                   {"bypassed": 1})
             return
-        registry.get_experiment(self.graph[name].experiment).run(self.stage_config(name),
-                                                                  self.stage_dir(name))
+        registry.get_experiment(self.graph[name].experiment).run(  # the typed settings
+            self.resolved_stage(name).typed, self.stage_dir(name))
 
     def train_stats(self, name: str) -> dict:
         """Numbers from the stage's `summary.json` and last `metrics.jsonl` line."""

@@ -11,12 +11,16 @@
   --config.scale=paper` shows the per-device memory of its train states on candidate meshes).
 
 Each preset gives `model_dims` (applied when config.model == "tiny"), `model` (model.* settings
-of every stage, e.g. the preset), shared `tasks` and
-`harness` settings, evaluation settings (`eval`), model selection (`validation`: the
-`validation.*` settings the user leaves None), per-experiment overrides (`experiments`,
-keyed by registry name) and per-stage overrides (`stages`). Keys a stage config does not
-have are skipped (so a preset can carry settings for every experiment); the user's
-`config.stages.<stage>.*` and shared settings win over the preset.
+of every stage, e.g. the preset), shared `tasks` and `harness` settings (each set on the
+stages whose config has the key), evaluation settings (`eval`), model selection
+(`validation`: the `validation.*` settings the user leaves None), per-experiment overrides
+(`experiments`, keyed by registry name) and per-stage overrides (`stages`), which refine the
+shared ones. Every key must take effect somewhere in the stage graph
+(`terminal_rsi.pipeline.resolve.check_scale`; a per-experiment or per-stage key must be a
+field of that stage's config). The user's shared settings (`--config.tasks.*`,
+`--config.harness.*`, `--config.model_dims.*`) and `config.stages.<stage>.*` win over the
+preset; a key the stage graph derives (RPR-2's actor rate, the critic-only steps) is set here
+only for the stage it is derived from (`stages.rpr1_fdr`), never for the derived one.
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ SCALES: dict[str, dict] = {
                     "actor_opt.learning_rate": 5e-4,
                     "sft.rehearsal_samples": 3, "sft.guided_rehearsal": True,
                     "rollout.cache_multiple": 64, **TINY_SFT_OPT},
-            # rpr: actor lr 1e-4 for RPR-1 (RPR-2: 2e-5). From the same RSR-1 actors of 3 seeds,
+            # rpr: actor lr 1e-4 for RPR-1, rpr_phase's default (terminal_rsi/rpr/config.py, as
+            # its critic's 1e-3; RPR-2's is derived: RPR-1's / pipeline.rpr2_lr_divisor, 2e-5).
+            # From the same RSR-1 actors of 3 seeds,
             # RPR-1 at 1e-4 gave +8.3 / 0.0 / +6.7 points of held-out success; at 2e-4 it lost
             # 3.3 / 28.3 / 10.0 (rollouts turned malformed); at 5e-5 it only reached the base's
             # pass@3 and RPR-2 at 1e-5 moved nothing (docs/pipeline.md). With the
@@ -101,7 +107,6 @@ SCALES: dict[str, dict] = {
                           "rollout.concurrency": 16, "ppo.num_minibatches": 2,
                           "ppo.critic_epochs": 4,
                           "eval.every": 0, "eval.num_tasks": 10, "checkpoint.every": 6,
-                          "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 1e-3,
                           "rollout.curriculum": "reward_variance",
                           "rollout.curriculum_floor": 0.25, **TINY_PPO},
         },
@@ -122,9 +127,7 @@ SCALES: dict[str, dict] = {
                     "sft.steps": 10},
             "rpr_phase": {"num_steps": 5, "tasks.n_per_family": 4, "rollout.batch_size": 8,
                           "rollout.concurrency": 8, "ppo.num_minibatches": 2, "eval.every": 0,
-                          "eval.num_tasks": 2, "checkpoint.every": 5,
-                          "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 1e-3,
-                          **TINY_PPO},
+                          "eval.num_tasks": 2, "checkpoint.every": 5, **TINY_PPO},
         },
         "stages": {},
     },
@@ -204,7 +207,7 @@ SCALES["smollm2"] = {
         "rpr_phase": {"num_steps": 8, "tasks.n_per_family": 2, "rollout.batch_size": 8,
                       "rollout.concurrency": 8, "ppo.num_minibatches": 2,
                       "ppo.critic_epochs": 2, "eval.every": 0, "checkpoint.every": 2,
-                      "actor_opt.learning_rate": 1e-4, "critic_opt.learning_rate": 5e-4,
+                      "critic_opt.learning_rate": 5e-4,
                       "rollout.curriculum": "reward_variance",
                       "rollout.curriculum_floor": 0.25, **TINY_PPO,
                       "rollout.cache_multiple": 128},
@@ -229,7 +232,7 @@ PAPER_RPR = {"num_steps": 36, "rollout.batch_size": 256, "rollout.oversample": 0
              "ppo.clip_low": 0.30, "ppo.clip_high": 5.00, "ppo.value_clip": 4.0,
              "ppo.kl_coef": 0.0, "ppo.entropy_coef": 0.0, "ppo.normalize_advantages": False,
              "ppo.mask_malformed": False,
-             "actor_opt.learning_rate": 5e-7, "actor_opt.b1": 0.9, "actor_opt.b2": 0.98,
+             "actor_opt.b1": 0.9, "actor_opt.b2": 0.98,
              "actor_opt.weight_decay": 0.1, "actor_opt.grad_clip": 1.0,
              "actor_opt.warmup_steps": 0,
              "critic_opt.learning_rate": 1.5e-5, "critic_opt.b1": 0.9, "critic_opt.b2": 0.98,
@@ -241,7 +244,9 @@ SCALES["paper"] = {
     "eval": {"k": 3},
     "validation": TINY_VALIDATION,
     "experiments": {"rpr_phase": PAPER_RPR},
-    "stages": {},
+    # RPR-1's actor rate; RPR-2's is derived from it (pipeline.rpr2_lr_divisor), and the
+    # warm-up critic's actor is frozen
+    "stages": {"rpr1_fdr": {"actor_opt.learning_rate": 5e-7}},
 }
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from terminal_rsi.losses import Aggregation
+from terminal_rsi.losses import PPOConfig, PPOLoss
 from terminal_rsi.sections import (
+    LAPTOP_HARNESS,
     BatchedRollout,
     Candidates,
     Harness,
@@ -24,7 +25,7 @@ from terminal_rsi.sections import (
     Seeded,
     SplitTasks,
 )
-from terminal_rsi.settings import Section, SettingError, setting
+from terminal_rsi.settings import Section, setting
 
 MODES = ("phase", "warmup_critic")
 REWARD_FNS = ("fdr", "spr", "binary")
@@ -75,8 +76,10 @@ class Advantage(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class PPO(Section):
-    """The PPO update of a rollout step (losses: `terminal_rsi.losses.PPOConfig`)."""
+class PPO(PPOLoss):
+    """The PPO update of a rollout step: the loss settings (`losses.PPOLoss`: clips,
+    aggregation, KL and entropy coefficients) and how the update runs. The losses take
+    `PhaseConfig.loss_config()`."""
 
     critic_warmup_steps: int = setting(4, "first rollout steps with critic-only updates",
                                        lo=0)
@@ -87,14 +90,6 @@ class PPO(Section):
                                         "without larger actor steps", lo=1)
     num_minibatches: int = setting(2, "minibatches per epoch (updates per epoch)", lo=1)
     num_microbatches: int = setting(1, "gradient-accumulation slices per minibatch", lo=1)
-    clip_low: float = setting(0.3, "ε_low", lo=0.0, hi=0.999)
-    clip_high: float = setting(5.0, "ε_high", lo=0.0)
-    value_clip: float = setting(4.0, "ε_V", lo=1e-9)
-    aggregation: Aggregation = setting(Aggregation.SAMPLE_MEAN, "loss aggregation "
-                                       "(terminal_rsi.losses.Aggregation value)")
-    kl_coef: float = setting(0.0, "k3 KL(π_θ || π_ref) penalty per token, π_ref = the phase's "
-                             "input actor (paper: 0)", lo=0.0)
-    entropy_coef: float = setting(0.0, "entropy bonus per token (paper: 0)", lo=0.0)
     normalize_advantages: bool = setting(False, "whiten advantages over the batch's trained "
                                          "tokens (mean 0, std 1) before the update (paper: "
                                          "off)")
@@ -147,7 +142,7 @@ class PhaseConfig(Seeded):
     model: ModelSource = ModelSource()
     init: InitWeights = InitWeights()
     tasks: SplitTasks = SplitTasks()
-    harness: Harness = Harness()
+    harness: Harness = Harness(**LAPTOP_HARNESS)
     rewards: Rewards = Rewards()
     rollout: PhaseRollout = PhaseRollout()
     advantage: Advantage = Advantage()
@@ -161,7 +156,12 @@ class PhaseConfig(Seeded):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.harness.temperature <= 0.0:
-            raise SettingError(f"harness.temperature = {self.harness.temperature}: RPR "
-                               "optimizes the sampling policy softmax(logits / T), so T must "
-                               "be > 0")
+        self.loss_config()  # the losses' own checks (e.g. harness.temperature > 0), up front
+
+    def loss_config(self) -> PPOConfig:
+        """The losses' PPOConfig: the loss settings of `ppo`, the policy temperature of the
+        rollouts (the optimized policy is the one that samples them: π_θ at
+        harness.temperature) and the behaviour correction of `ppo.behavior_correction` at
+        the phase's policy lag."""
+        return PPOConfig.from_config(self.ppo, temperature=self.harness.temperature,
+                                     **self.ppo.correction(self.rollout.policy_lag))

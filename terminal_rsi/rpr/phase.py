@@ -79,6 +79,7 @@ import numpy as np
 
 from terminal_rsi import multihost
 from terminal_rsi import sharding as shd
+from terminal_rsi.agent import RolloutEngine
 from terminal_rsi.atomic import atomic_write_json, atomic_write_text
 from terminal_rsi.checkpoint import (
     RunCheckpointer,
@@ -98,7 +99,7 @@ from terminal_rsi.models.loading import (  # noqa: F401 (re-exported)
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
 from terminal_rsi.ppo_step import make_actor_step, make_critic_step
 from terminal_rsi.progress import echo, progress
-from terminal_rsi.rewards import FamilyDivisors
+from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
 from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.config import PhaseConfig
 from terminal_rsi.rpr.curriculum import Curriculum
@@ -113,7 +114,7 @@ from terminal_rsi.rpr.steps import (  # noqa: F401  (PhaseError: re-exported)
     run_step,
     save_checkpoint,
 )
-from terminal_rsi.sampling import Buckets, Sampler
+from terminal_rsi.sampling import Buckets
 from terminal_rsi.train_state import OptimizerConfig, TrainState, create_train_state
 
 # the experiment's typed config: every setting, its default and what it allows
@@ -138,16 +139,6 @@ class PhaseResult:
     actor: Any
     critic: Any
     resumed_from: int | None
-
-
-def ppo_config(config: PhaseConfig) -> PPOConfig:
-    """The losses' PPOConfig: the loss fields of `config.ppo`, with the policy temperature of
-    the rollouts (the optimized policy is the one that samples them: π_θ at
-    harness.temperature) and the behaviour correction of `ppo.behavior_correction` at the
-    phase's policy lag."""
-    return dataclasses.replace(PPOConfig.from_config(config.ppo),
-                               temperature=float(config.harness.temperature),
-                               **config.ppo.correction(config.rollout.policy_lag))
 
 
 def mesh_shape(config) -> dict[str, int]:
@@ -214,15 +205,10 @@ def phase_length(config, num_train_tasks: int) -> tuple[int, int]:
     return config.num_steps, config.ppo.critic_warmup_steps
 
 
-def _compiled(config, pcfg: PPOConfig, actor, tok, mcfg) -> tuple[Sampler, Buckets, UpdateFns]:
-    """The sampler, the update batch's buckets and the update's compiled functions (cached
-    per process)."""
+def _compiled(config, pcfg: PPOConfig) -> tuple[Buckets, UpdateFns]:
+    """The update batch's buckets and the update's compiled functions (cached per process;
+    the sampler is the rollout engine's)."""
     r, m = config.rollout, config.ppo.num_microbatches
-    buckets = Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple,
-                      batch_multiple=config.ppo.num_minibatches * m)
-    sampler = _cached(("sampler", mcfg, r.decode_block, buckets, int(tok.pad_id)),
-                      lambda: Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
-                                      buckets=buckets, pad_id=int(tok.pad_id)))
     fns = UpdateFns(
         actor_step=_cached(("actor", pcfg, m), lambda: make_actor_step(pcfg, m)),
         critic_step=_cached(("critic", pcfg, m), lambda: make_critic_step(pcfg, m)),
@@ -231,27 +217,31 @@ def _compiled(config, pcfg: PPOConfig, actor, tok, mcfg) -> tuple[Sampler, Bucke
         values=_cached(("value", m), lambda: make_value_fn(m)))
     # the update batch is padded to its longest row rounded to cache_multiple, not to a power
     # of two (a few compiled widths; up to 2x fewer padded positions than the sampler's cache)
-    return sampler, dataclasses.replace(buckets, power_of_two=False), fns
+    return Buckets(prefill_chunk=r.prefill_chunk, cache_multiple=r.cache_multiple,
+                   batch_multiple=config.ppo.num_minibatches * m, power_of_two=False), fns
 
 
 def _setup(config, workdir: str) -> tuple[Phase, PhaseState]:
     """The phase's fixed parts and its initial state (before any resume)."""
     os.makedirs(workdir, exist_ok=True)
     model = load_model(config)  # tokenizer (and chat template) and shape: byte preset or GGUF
-    tok, mcfg = model.tokenizer, model.config
-    pcfg = ppo_config(config)
+    pcfg = config.loss_config()
     r = config.rollout
     train_tasks = config_tasks(config, config.tasks.train_split, config.tasks.n_per_family)
     num_steps, warmup_steps = phase_length(config, len(train_tasks))
     # the warm-up critic's pass covers every training task once (paper §2.1): always cyclic
     curriculum = Curriculum(train_tasks, "cyclic" if config.mode == "warmup_critic"
                             else r.curriculum, r.curriculum_floor)
-    actor, critic = initial_states(config, mcfg)
-    sampler, pack_buckets, fns = _compiled(config, pcfg, actor, tok, mcfg)
+    actor, critic = initial_states(config, model.config)
+    pack_buckets, fns = _compiled(config, pcfg)
+    divisors = _divisors(config)
+    # rollout.progress forces the rollout bar; else it shows only on a terminal
+    engine = RolloutEngine.from_config(config, model, progress=config.rollout.progress or None,
+                                       scorer=EpisodeScorer(config.rewards.fn, divisors))
     phase = Phase(
-        config=config, tokenizer=tok, sampler=sampler, pack_buckets=pack_buckets, fns=fns,
+        config=config, engine=engine, pack_buckets=pack_buckets, fns=fns,
         num_steps=num_steps, warmup_steps=warmup_steps, curriculum=curriculum,
-        divisors=_divisors(config),
+        divisors=divisors,
         # π_ref of the KL penalty: the phase's input actor (also after a resume)
         ref_actor=jax.tree.map(jnp.copy, actor) if pcfg.kl_coef > 0 else None,
         advantage_kwargs=advantage_kwargs(config.advantage),
@@ -273,7 +263,7 @@ def _resume(phase: Phase, state: PhaseState, metrics_path: str,
     rs = ckpt.restore(actor=state.actor, critic=state.critic, rngs={"phase": state.key})
     state = PhaseState(rs.actor, rs.critic, rs.rngs["phase"], step=rs.step,
                        data_position=rs.data_position, version=rs.policy_version)
-    phase.divisors = FamilyDivisors.from_dict(rs.extra["divisors"])
+    phase.set_divisors(FamilyDivisors.from_dict(rs.extra["divisors"]))
     phase.curriculum.load(rs.extra.get("curriculum"))
     restore_ahead(phase, state.step, rs.extra)
     metrics = [m for m in _read_metrics(metrics_path) if m["step"] <= state.step]

@@ -38,11 +38,8 @@ import numpy as np
 from terminal_rsi import multihost
 from terminal_rsi.advantages import prepare_ppo_batch, whiten_advantages
 from terminal_rsi.agent import (
-    HarnessConfig,
+    RolloutEngine,
     RolloutResult,
-    RolloutScheduler,
-    SamplerPolicy,
-    SchedulerConfig,
     malformed_mask,
     pack_trajectories,
 )
@@ -54,8 +51,8 @@ from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
 from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.curriculum import Curriculum
 from terminal_rsi.rpr.update import grouped_forward, minibatch_rows, ppo_update, update_widths
-from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import pool_tasks, task_sandbox_factory
+from terminal_rsi.sampling import Buckets
+from terminal_rsi.tasks import pool_tasks
 from terminal_rsi.train_state import TrainState
 
 PACKED_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones",
@@ -89,8 +86,7 @@ class Phase:
     (updated every step, saved in checkpoints); `eval_tasks` is loaded at the first eval."""
 
     config: Any
-    tokenizer: Any
-    sampler: Sampler
+    engine: RolloutEngine  # the episodes: the actor, H0, sandboxes, the frozen reward
     pack_buckets: Buckets
     fns: UpdateFns
     num_steps: int
@@ -103,19 +99,16 @@ class Phase:
     checkpointer: RunCheckpointer
     eval_tasks: list | None = None
     ahead: cf.Future | None = None  # the next step's RolloutResult (rollout.policy_lag = 1)
-    _pool: cf.ThreadPoolExecutor | None = None
 
-    def submit(self, fn: Callable, *args, **kwargs) -> cf.Future:
-        """Run `fn` on the phase's one background rollout thread."""
-        if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpr-ahead")
-        return self._pool.submit(fn, *args, **kwargs)
+    def set_divisors(self, divisors: FamilyDivisors) -> None:
+        """Freeze the reward's divisors (a resumed run restores its own): the engine scores
+        every episode from here on with `rewards.fn` over them."""
+        self.divisors = divisors
+        self.engine.scorer = EpisodeScorer(self.config.rewards.fn, divisors)
 
     def close(self) -> None:
         """Wait for the background rollout, if any, and stop its thread."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self.engine.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,28 +178,16 @@ def advantage_means(advantages, trained: np.ndarray,
     return {"adv_mean_trained": mean(trained), "adv_mean_wellformed": mean(trained & ~malformed)}
 
 
-def scheduler(phase: Phase, state: PhaseState, seed: int, oversample: float, params=None):
-    """A `RolloutScheduler` of the current actor (or of `params` at the current version),
-    scored by the phase's frozen reward."""
-    c = phase.config
+def policy(phase: Phase, state: PhaseState, seed: int, params=None):
+    """A sampler policy of the current actor (or of `params` at the current version)."""
     params = state.actor.params if params is None else params
-    # several processes: each samples with its own full copy (no collective while sampling)
-    pol = SamplerPolicy(phase.sampler, multihost.local_replica(params), phase.tokenizer,
-                        seed=seed, version=state.version)
-    harness = HarnessConfig.from_config(c.harness, verify_backend=c.tasks.backend)
-    sandbox = task_sandbox_factory(c.tasks)
-
-    # rollout.progress forces the rollout bar; else it shows only on a terminal
-    return RolloutScheduler(pol, harness, sandbox, SchedulerConfig(
-        concurrency=c.rollout.concurrency, oversample=oversample,
-        progress=c.rollout.progress or None), scorer=EpisodeScorer(c.rewards.fn, phase.divisors))
+    return phase.engine.policy(params, seed=seed, version=state.version,
+                               graphdef=state.actor.graphdef)
 
 
 def _seed(key: jax.Array) -> int:
-    """The sampling seed of a scheduler from `key`; with several processes, each samples its
-    share of the episodes with its own stream (the key folded with its index)."""
-    if multihost.is_multiprocess():
-        key = jax.random.fold_in(key, jax.process_index())
+    """The sampling seed of a step's episodes from `key` (the same on every process: episode
+    i samples from stream i of it, whichever process runs it)."""
     return int(jax.random.randint(key, (), 0, 2**31 - 1))
 
 
@@ -217,14 +198,15 @@ def _launch(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
     order, the same on every process; each process runs its share of the tasks and keeps its
     share of the batch (`multihost.process_share`), and `gather_result` joins them."""
     r = phase.config.rollout
-    sched = scheduler(phase, state, _seed(key), r.oversample, params)
-    n_launch = sched.num_launch(r.batch_size)
+    pol = policy(phase, state, _seed(key), params)
+    n_launch = phase.engine.num_launch(r.batch_size, r.oversample)
     tasks = phase.curriculum.launch(n_launch, state.data_position, rng)
     state = dataclasses.replace(state, data_position=state.data_position + n_launch)
     (lo, hi), (keep_lo, keep_hi) = (multihost.process_share(n)
                                     for n in (len(tasks), r.batch_size))
-    return lambda: sched.collect(tasks[lo:hi], keep_hi - keep_lo,
-                                 policy_version=state.version), state
+    return lambda: phase.engine.first(pol, tasks[lo:hi], keep_hi - keep_lo,
+                                      oversample=r.oversample, policy_version=state.version,
+                                      first_index=lo), state
 
 
 def gather_result(res: RolloutResult) -> RolloutResult:
@@ -262,7 +244,7 @@ def collect(phase: Phase, state: PhaseState, key: jax.Array, rng: np.random.Gene
     if phase.config.rollout.policy_lag and state.step < phase.num_steps:
         run, state = _launch(phase, state, jax.random.fold_in(key, 1), rng,
                              params=jax.tree.map(jnp.copy, state.actor.params))
-        phase.ahead = phase.submit(run)
+        phase.ahead = phase.engine.ahead(run)
     return res, state
 
 
@@ -428,18 +410,9 @@ def evaluate(phase: Phase, state: PhaseState, key: jax.Array) -> dict:
     if phase.eval_tasks is None:
         phase.eval_tasks = config_tasks(c, c.tasks.eval_split,
                                         c.tasks.eval_n_per_family)[:c.eval.num_tasks]
-    tasks = phase.eval_tasks
     # several processes: each evaluates its share of the tasks, the episodes are gathered
-    lo, hi = multihost.process_share(len(tasks))
-    sched = scheduler(phase, state, _seed(key), 0.0)  # every process: its actor replica
-
-    def share() -> list:
-        if hi == lo:  # more processes than tasks
-            return []
-        return sched.collect(tasks[lo:hi], hi - lo, policy_version=state.version,
-                             desc="eval").trajectories
-
-    episodes = gather_trajectories(multihost.run_share(share))
+    episodes = phase.engine.run(policy(phase, state, _seed(key)), phase.eval_tasks,
+                                streams="eval", desc="eval").trainable()
     for t in episodes:
         t.meta.update(rpr_step=state.step, rpr_eval=True)
     if multihost.is_writer():

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from terminal_rsi import multihost
-from terminal_rsi.agent import SamplingSettings, write_shard
+from terminal_rsi.agent import RolloutEngine, write_shard
 from terminal_rsi.checkpoint import export_weights
 from terminal_rsi.losses import Aggregation
 from terminal_rsi.models.loading import load_model
@@ -63,25 +63,24 @@ def runbook_for_task(task):
     return digest_runbook(task.instruction, [c for turn in task.solution for c in turn])
 
 
-def render_demonstrations(config, tasks, tokenizer, rng) -> tuple[list, dict]:
+def render_demonstrations(engine: RolloutEngine, config, tasks, rng) -> tuple[list, dict]:
     """Reference demonstrations under H0, plus runbook-conditioned ones (module doc)."""
-    h0 = cm.harness_from_config(config)
-    pol = cm.demo_policy(tokenizer, config.harness.action_style, config.harness.terminal,
-                         config.harness.action_format)
-    c = config.rollout.concurrency
-    sandbox = cm.task_sandbox(config)
-    plain = cm.collect(pol, h0, tasks, c, sandbox)
+    h0 = engine.harness
+    pol = cm.demo_policy(engine.model.tokenizer, config.harness.action_style,
+                         config.harness.terminal, config.harness.action_format)
+    plain = engine.run(pol, tasks, streams="demos/plain", desc="demos").trajectories
     n_rb = int(round(config.demos.runbook_fraction * len(tasks)))
     rb_tasks = [tasks[i] for i in sorted(rng.choice(len(tasks), n_rb, replace=False))]
-    guided = cm.collect(pol, [execution_harness(h0, runbook_for_task(t)) for t in rb_tasks],
-                        rb_tasks, c, sandbox)
+    guided = engine.run(pol, rb_tasks, streams="demos/runbook", desc="runbook demos",
+                        harness=[execution_harness(h0, runbook_for_task(t))
+                                 for t in rb_tasks]).trajectories
     for t in guided:
         t.meta["demo"] = "runbook"
     for t in plain:
         t.meta["demo"] = "plain"
     kept = [t for t in plain + guided if t.S == 1]
     stats = {"demos_plain": sum(t.S for t in plain), "demos_guided": sum(t.S for t in guided),
-             "demos_failed": len(plain) + len(guided) - len(kept)}
+             "demos_failed": len(tasks) + len(rb_tasks) - len(kept)}
     if not kept:
         raise cm.StageError("no reference demonstration passed its verifier; check the task "
                             f"backend {config.tasks.backend!r} and the harness budgets")
@@ -105,24 +104,29 @@ def length_curriculum(trajs, num_steps: int, start_fraction: float = 0.34):
     return sampler
 
 
-def evaluate(actor, mcfg, tokenizer, config, tasks, *, guided: bool, seed: int,
-             cache: dict) -> list:
+def evaluate(engine: RolloutEngine, actor, config, tasks, *, guided: bool,
+             seed: int) -> list:
     """One episode per task of `actor` under H0 at `eval.temperature` (with `guided`, with
-    the task's digest runbook as private guidance)."""
-    h0 = cm.harness_from_config(config, sampling=SamplingSettings(
-        temperature=config.eval.temperature))
-    pol = cm.make_sampler_policy(actor, mcfg, tokenizer, config, seed, cache)
+    the task's digest runbook as private guidance); an episode that raised is absent."""
+    h0 = dataclasses.replace(engine.harness, temperature=config.eval.temperature)
+    pol = engine.policy(actor.params, seed=seed, graphdef=actor.graphdef)
     harness = [execution_harness(h0, runbook_for_task(t)) for t in tasks] if guided else h0
-    return cm.collect(pol, harness, tasks, config.rollout.concurrency,
-                      cm.task_sandbox(config))
+    return engine.run(pol, tasks, harness=harness, streams="eval/guided" if guided else "eval",
+                      desc="eval").trajectories
 
 
-def load_demonstrations(config, tokenizer, rng, trajdir: str) -> tuple[list, list, dict]:
+def success(episodes: list, n: int) -> float:
+    """Strict success over `n` attempts (an attempt without an episode counts as failed)."""
+    return float(sum(t.S for t in episodes) / max(n, 1))
+
+
+def load_demonstrations(engine: RolloutEngine, config, rng,
+                        trajdir: str) -> tuple[list, list, dict]:
     """Step 1: the training tasks and their verified demonstrations
     (trajectories/demos.jsonl) with their counts."""
     tasks = pool_tasks(config.tasks, config.tasks.train_split, config.tasks.n_per_family,
                        cm.StageError)
-    demos, stats = render_demonstrations(config, tasks, tokenizer, rng)
+    demos, stats = render_demonstrations(engine, config, tasks, rng)
     write_shard(os.path.join(trajdir, "demos.jsonl"), demos)
     return tasks, demos, stats
 
@@ -141,15 +145,13 @@ class Trainer:
     an evaluation on `eval_tasks` written into the last metrics row."""
 
     config: Any
+    engine: RolloutEngine
     actor: TrainState
-    mcfg: Any
-    tokenizer: Any
     demos: list
     eval_tasks: list
     metrics_path: str
     metrics: list = dataclasses.field(default_factory=list)
     final_eval: list = dataclasses.field(default_factory=list)
-    cache: dict = dataclasses.field(default_factory=dict)
     train_s: float = 0.0
 
     def heldout_eval(self, step: int, row: dict) -> None:
@@ -157,13 +159,14 @@ class Trainer:
         if not self.eval_tasks:
             return
         c = self.config
-        ev = evaluate(self.actor, self.mcfg, self.tokenizer, c, self.eval_tasks, guided=False,
-                      seed=c.seed + step, cache=self.cache)
-        row["eval/success"] = float(np.mean([t.S for t in ev]))
+        n = len(self.eval_tasks)
+        ev = evaluate(self.engine, self.actor, c, self.eval_tasks, guided=False,
+                      seed=c.seed + step)
+        row["eval/success"] = success(ev, n)
         if c.eval.guided:
-            gv = evaluate(self.actor, self.mcfg, self.tokenizer, c, self.eval_tasks,
-                          guided=True, seed=c.seed + step + 1, cache=self.cache)
-            row["eval/guided_success"] = float(np.mean([t.S for t in gv]))
+            gv = evaluate(self.engine, self.actor, c, self.eval_tasks, guided=True,
+                          seed=c.seed + step + 1)
+            row["eval/guided_success"] = success(gv, n)
         self.final_eval = ev
 
     def on_step(self, offset: int, t_train0: float) -> Callable[[int, dict], None]:
@@ -239,7 +242,7 @@ def base_summary(tr: Trainer, tasks: list, demo_stats: dict, demo_s: float,
         "heldout_success": last.get("eval/success"),
         "heldout_guided_success": last.get("eval/guided_success"),
         "heldout_per_family": cm.success_by_family(tr.final_eval),
-        "num_params": tr.mcfg.num_params(),
+        "num_params": tr.engine.model.config.num_params(),
     }
 
 
@@ -248,13 +251,14 @@ def run(config: BaseSFTConfig, workdir: str) -> dict:
     t_start = time.monotonic()
     export, trajdir = cm.stage_dirs(workdir)
     model = load_model(config)  # byte preset, or model.gguf: its tokenizer, template, shape
+    engine = RolloutEngine.from_config(config, model, scorer=cm.RSR_SCORER)
     rng = np.random.default_rng(config.seed)
-    tasks, demos, demo_stats = load_demonstrations(config, model.tokenizer, rng, trajdir)
+    tasks, demos, demo_stats = load_demonstrations(engine, config, rng, trajdir)
     t_demo = time.monotonic() - t_start
     echo(f"[base_sft] {len(demos)} demonstrations ({_demo_str(demo_stats)}) in {t_demo:.0f}s")
     actor = cm.create_actor(config, model.config, config.actor_opt, config.seed,
                             total_steps=config.sft.steps)
-    tr = Trainer(config, actor, model.config, model.tokenizer, demos, heldout_tasks(config),
+    tr = Trainer(config, engine, actor, demos, heldout_tasks(config),
                  os.path.join(workdir, "metrics.jsonl"))
     train_cpu_s = tr.train(rng)
     write_shard(os.path.join(trajdir, "eval.jsonl"), tr.final_eval)

@@ -1,5 +1,5 @@
-"""Pieces shared by the `rsr` and `base_sft` stages: the stage's tasks, the harness built from
-config, demonstration actions, actor creation, episode collection and exports.
+"""Pieces shared by the `rsr` and `base_sft` stages: demonstration actions, the stages' reward,
+actor creation and exports (their episodes run through `agent.RolloutEngine`).
 
 The model (tokenizer, chat template, shape, initial weights) comes from
 `terminal_rsi.models.loading` like every other stage's: the byte-level preset, or `model.gguf`
@@ -8,31 +8,21 @@ with its own tokenizer and chat template, which then renders every prompt of the
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import dataclasses
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from terminal_rsi import multihost
 from terminal_rsi.agent import (
-    HarnessConfig,
-    SamplerPolicy,
     ScriptedPolicy,
-    gather_trajectories,
     reference_action,
 )
-from terminal_rsi.agent.harness import run_episode
-from terminal_rsi.agent.scheduler import BatchingPolicy
 from terminal_rsi.atomic import atomic_write_text
 from terminal_rsi.models.loading import initial_actor_params
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer
-from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.tasks import task_sandbox_factory
 from terminal_rsi.train_state import (
     OptimizerConfig,
     create_train_state,
@@ -43,17 +33,6 @@ from terminal_rsi.train_state import (
 
 class StageError(RuntimeError):
     """An rsr / base_sft stage cannot run as configured (no tasks, no demonstrations...)."""
-
-
-def harness_from_config(config, **overrides):
-    """The target harness H0 from `config.harness` (+ `overrides`, e.g. sampling)."""
-    return HarnessConfig.from_config(config.harness, **{
-        "name": "H0", "verify_backend": config.tasks.backend, **overrides})
-
-
-def task_sandbox(config):
-    """The sandbox factory of a stage's episodes (`task_sandbox_factory` of `config.tasks`)."""
-    return task_sandbox_factory(config.tasks)
 
 
 def demo_action(task, turn: int, style: str = "compact", terminal: str = "exec",
@@ -79,44 +58,8 @@ def demo_policy(tokenizer, style: str = "compact", terminal: str = "exec",
 
 
 # RSR keeps verified successes: its episodes are scored by the verifier's verdict S alone
+# (the scorer of the `rsr` and `base_sft` stages' rollout engines)
 RSR_SCORER = EpisodeScorer("binary")
-
-
-def collect(policy, harness, tasks: Sequence, concurrency: int, sandbox=None) -> list:
-    """Run one episode per task, `concurrency` at a time with generation batched across
-    episodes (`BatchingPolicy`, as the rollout scheduler does), keeping every episode in
-    input order (the scheduler keeps only the first trainable ones to finish), each scored
-    by `RSR_SCORER`. `harness`: one HarnessConfig, or a list with one per task. With several
-    processes each runs its share of the tasks (`multihost.process_share`; every process
-    must call this together) and every process gets all the episodes, in input order (or
-    `multihost.ShareFailed` on all of them when any share raised)."""
-    lo, hi = multihost.process_share(len(tasks))
-
-    def share() -> list:
-        mine = tasks[lo:hi]
-        out: list[Any] = [None] * len(mine)
-        if not mine:
-            return out
-        batcher = BatchingPolicy(policy)
-
-        def work(i, task):
-            batcher.episode_started()
-            try:
-                h = harness[lo + i] if isinstance(harness, list | tuple) else harness
-                out[i] = run_episode(task, batcher, sandbox, h)
-                RSR_SCORER(out[i])
-            finally:
-                batcher.episode_finished()
-
-        try:
-            with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
-                for f in [pool.submit(work, i, t) for i, t in enumerate(mine)]:
-                    f.result()
-        finally:
-            batcher.close()
-        return out
-
-    return gather_trajectories(multihost.run_share(share))
 
 
 def optimizer_config(opt_section, total_steps: int = 0):
@@ -124,7 +67,7 @@ def optimizer_config(opt_section, total_steps: int = 0):
     over `total_steps` (the stage's SFT steps; 0 or 1 step: constant)."""
     cosine = opt_section.schedule == "cosine"
     decay = int(total_steps) if cosine and total_steps > max(1, opt_section.warmup_steps) else 0
-    return dataclasses.replace(OptimizerConfig.from_config(opt_section), decay_steps=decay)
+    return OptimizerConfig.from_config(opt_section, decay_steps=decay)
 
 
 def with_optimizer(state, opt):
@@ -140,22 +83,6 @@ def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):
     opt = optimizer_config(opt_section, total_steps)
     return create_train_state(DecoderLM, mcfg, opt, seed=seed,
                               params=initial_actor_params(config, mcfg))
-
-
-def make_sampler_policy(actor, mcfg, tokenizer, config, seed: int, cache: dict):
-    """A SamplerPolicy of `actor` (its Sampler compiled once per shape, kept in `cache`).
-    With several processes (every one must call this together) it samples with a local
-    copy of the weights (`multihost.local_replica`: no collective while sampling) and from
-    its own stream (`multihost.process_seed`) for its share of the episodes."""
-    r = config.rollout
-    pad = int(tokenizer.pad_id)
-    key = ("sampler", mcfg, r.decode_block, r.prefill_chunk, r.cache_multiple, pad)
-    if key not in cache:
-        cache[key] = Sampler(actor.graphdef, mcfg, decode_block=r.decode_block,
-                             buckets=Buckets(prefill_chunk=r.prefill_chunk,
-                                             cache_multiple=r.cache_multiple), pad_id=pad)
-    return SamplerPolicy(cache[key], multihost.local_replica(actor.params), tokenizer,
-                         seed=multihost.process_seed(seed))
 
 
 def success_by_family(trajs: Sequence) -> dict[str, dict[str, float]]:

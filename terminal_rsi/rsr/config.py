@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 
 from terminal_rsi.sections import (
+    LAPTOP_HARNESS,
     Candidates,
+    DecayingOptimizer,
     Harness,
     InitWeights,
     ModelSource,
-    Optimizer,
     Rollout,
     Seeded,
     SplitTasks,
@@ -36,13 +37,13 @@ class TargetHarness(Harness):
 
 
 @dataclasses.dataclass(frozen=True)
-class SFTOptimizer(Optimizer):
-    """The actor's optimizer of an SFT stage, with its lr schedule over the stage's steps."""
+class SFTOptimizer(DecayingOptimizer):
+    """The actor's optimizer of an SFT stage, with its lr schedule over the stage's steps
+    (`rsr.common.optimizer_config` derives the runtime decay_steps from it)."""
 
     schedule: str = setting("constant", "lr after the warm-up: constant, or cosine decay to "
                             "end_lr_ratio x lr at the last SFT step of the stage",
                             choices=("constant", "cosine"))
-    end_lr_ratio: float = setting(0.1, "cosine: final lr / peak lr", lo=0.0, hi=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +79,7 @@ class BaseSFTConfig(Seeded):
     model: ModelSource = ModelSource()
     init: InitWeights = InitWeights()
     tasks: SplitTasks = SplitTasks()
-    harness: TargetHarness = TargetHarness()
+    harness: TargetHarness = TargetHarness(**LAPTOP_HARNESS)
     rollout: Rollout = Rollout()
     demos: Demos = Demos()
     sft: SFT = SFT()
@@ -154,7 +155,7 @@ class RSRConfig(Seeded):
     model: ModelSource = ModelSource()
     init: InitWeights = InitWeights()
     tasks: TrainTasks = TrainTasks()
-    harness: TargetHarness = TargetHarness()
+    harness: TargetHarness = TargetHarness(**LAPTOP_HARNESS)
     rollout: Rollout = Rollout()
     discovery: Discovery = Discovery()
     planner: Planner = Planner()

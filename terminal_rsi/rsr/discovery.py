@@ -2,7 +2,7 @@
 
     variants = [DiscoveryVariant("hints", h_hints, actor), DiscoveryVariant("hot", h_hot,
                 actor, samples=8), DiscoveryVariant("external", h0, reference_policy)]
-    found, stats = discover(tasks, variants, concurrency=8)   # strictly verified triples
+    found, episodes, stats = discover(engine, tasks, variants)   # strictly verified triples
     messages = clean_trajectory(found[0].trajectory, tokenizer)   # C(τ)
     commands = executed_commands(found[0].trajectory, tokenizer)  # for the digest planner
 
@@ -27,7 +27,6 @@ from typing import Any
 from terminal_rsi.agent.actions import ActionParseError
 from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.harness import safe_decode
-from terminal_rsi.rsr.common import collect
 from terminal_rsi.rsr.runbook import ExecutedCommand
 from terminal_rsi.sandbox.terminal import is_key_name
 
@@ -56,12 +55,14 @@ class Discovered:
     harness: str
 
 
-def discover(tasks: Sequence, variants: Sequence[DiscoveryVariant], *, concurrency: int = 8,
-             sandbox=None) -> tuple[list[Discovered], list, dict[str, dict[str, float]]]:
-    """Run every variant over `tasks` and keep the S = 1 episodes.
+def discover(engine, tasks: Sequence, variants: Sequence[DiscoveryVariant],
+             ) -> tuple[list[Discovered], list, dict[str, dict[str, float]]]:
+    """Run every variant over `tasks` through `engine` (an `agent.RolloutEngine`; variant
+    `name` samples from the streams "discovery/<name>") and keep the S = 1 episodes.
 
     Returns (verified triples, all episodes (each with meta["discovery_harness"]), stats per
-    variant: episodes, successes, success_rate, tasks_solved).
+    variant: episodes (launched), successes, success_rate, tasks_solved, errors (episodes
+    that raised, counted as failures)).
     """
     found: list[Discovered] = []
     episodes: list = []
@@ -70,19 +71,23 @@ def discover(tasks: Sequence, variants: Sequence[DiscoveryVariant], *, concurren
         if v.samples < 1:
             raise ValueError(f"discovery variant {v.name!r}: samples must be >= 1")
         launch = [t for t in tasks for _ in range(v.samples)]
-        trajs = collect(v.policy, v.harness, launch, concurrency, sandbox)
+        done = engine.run(v.policy, launch, harness=v.harness, streams=f"discovery/{v.name}",
+                          desc=f"discovery {v.name}")
+        trajs = done.trajectories
         solved = set()
-        for task, traj in zip(launch, trajs, strict=True):
+        for traj in trajs:
+            task = launch[traj.meta["launch_index"]]
             traj.meta["discovery_harness"] = v.name
             traj.meta["external_policy"] = bool(v.external)
             episodes.append(traj)
             if traj.S == 1:
                 found.append(Discovered(task, traj, v.name))
                 solved.add(task.id)
-        n = len(trajs)
+        n = len(launch)
         ok = sum(int(t.S == 1) for t in trajs)
         stats[v.name] = {"episodes": n, "successes": ok, "success_rate": ok / max(n, 1),
-                         "tasks_solved": len(solved), "external": bool(v.external)}
+                         "tasks_solved": len(solved), "external": bool(v.external),
+                         "errors": len(done.errors)}
     return found, episodes, stats
 
 

@@ -24,6 +24,7 @@ import dataclasses
 from typing import Any
 
 from terminal_rsi import multihost
+from terminal_rsi.agent.engine import stream_namespace
 from terminal_rsi.agent.harness import GenerationRequest, SamplingSettings, safe_decode
 from terminal_rsi.rsr.discovery import clean_text, clean_trajectory, executed_commands
 from terminal_rsi.rsr.runbook import (
@@ -35,6 +36,7 @@ from terminal_rsi.rsr.runbook import (
     digest_runbook,
 )
 
+PLAN_STREAMS = stream_namespace("plan")  # the random streams of the policy planner's samples
 PLAN_INSTRUCTION = (
     "You turn a verified solution of a terminal task into a runbook that another agent can "
     "follow. Use only what the task statement and the transcript show; never mention tests, "
@@ -71,7 +73,7 @@ def parse_plan(text: str, planner: str) -> Plan:
 class DigestPlanner:
     name = "digest"
 
-    def plan(self, task, traj, tokenizer) -> list[Plan]:
+    def plan(self, task, traj, tokenizer, index: int = 0) -> list[Plan]:
         try:
             rb = digest_runbook(task.instruction, executed_commands(traj, tokenizer))
         except RunbookError as e:
@@ -92,12 +94,16 @@ class PolicyPlanner:
         self.policy, self.k, self.max_tokens = policy, int(k), int(max_tokens)
         self.sampling, self.plan_instruction = sampling, plan_instruction
 
-    def plan(self, task, traj, tokenizer) -> list[Plan]:
+    def plan(self, task, traj, tokenizer, index: int = 0) -> list[Plan]:
+        """The K plans of success number `index`: plan j samples from the random stream
+        ("plan", index, j) of the policy's seed, so a success's plans replay whichever
+        process plans it and whatever else is planned."""
         msgs = plan_messages(task.instruction, clean_trajectory(traj, tokenizer),
                              self.plan_instruction)
         prompt = [int(i) for i in tokenizer.render(msgs, add_generation_prompt=True)]
         reqs = [GenerationRequest(list(prompt), self.max_tokens, self.sampling, task, 0,
-                                  "plan") for _ in range(self.k)]
+                                  "plan", stream=(PLAN_STREAMS, int(index), j))
+                for j in range(self.k)]
         return [parse_plan(safe_decode(tokenizer, o.token_ids), self.name)
                 for o in self.policy.generate(reqs)]
 
@@ -110,11 +116,12 @@ def plan_successes(planner, successes, tokenizer) -> list[list[Plan]]:
     executes and trains on the same runbooks. The digest planner is deterministic and cheap;
     every process runs it whole."""
     if planner.name == DigestPlanner.name or not multihost.is_multiprocess():
-        return [planner.plan(s.task, s.trajectory, tokenizer) for s in successes]
+        return [planner.plan(s.task, s.trajectory, tokenizer, i)
+                for i, s in enumerate(successes)]
     start, stop = multihost.process_share(len(successes))
     mine = multihost.run_share(lambda: [
-        [p.text for p in planner.plan(s.task, s.trajectory, tokenizer)]
-        for s in successes[start:stop]])
+        [p.text for p in planner.plan(s.task, s.trajectory, tokenizer, start + i)]
+        for i, s in enumerate(successes[start:stop])])
     return [[parse_plan(text, planner.name) for text in texts]
             for texts in multihost.gather(mine)]
 

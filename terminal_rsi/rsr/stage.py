@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi import multihost
-from terminal_rsi.agent import HarnessConfig, SamplingSettings, write_shard
+from terminal_rsi.agent import HarnessConfig, RolloutEngine, write_shard
 from terminal_rsi.checkpoint import (
     candidate_steps,
     export_candidate,
@@ -101,10 +101,9 @@ class RSRResult:
     critic_params: object
 
 
-def discovery_variants(config, actor_policy, tokenizer) -> list:
-    """The complementary harnesses of `discovery.harnesses` (module doc, step 1)."""
+def discovery_variants(config, h0: HarnessConfig, actor_policy, tokenizer) -> list:
+    """The complementary harnesses of `discovery.harnesses` around H0 (module doc, step 1)."""
     d = config.discovery
-    h0 = cm.harness_from_config(config)
     out = []
     for name in d.harnesses:
         if name == "hints":
@@ -112,7 +111,7 @@ def discovery_variants(config, actor_policy, tokenizer) -> list:
                 h0, name="hints", hints=tuple(d.hints)), actor_policy))
         elif name == "hot":
             out.append(DiscoveryVariant(name, dataclasses.replace(
-                h0, name="hot", sampling=SamplingSettings(temperature=d.hot_temperature)),
+                h0, name="hot", temperature=d.hot_temperature),
                 actor_policy, samples=d.hot_samples))
         elif name == "long":
             f = d.long_factor
@@ -146,10 +145,11 @@ def sft_steps(sft, q_clean_size: int, rehearsal_size: int = 0) -> int:
     return min(int(sft.steps), max(1, math.ceil(sft.epochs * size / sft.batch_size)))
 
 
-def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: int,
-                  exec_instruction: str, sandbox=None) -> tuple[list, list]:
-    """M guided executions per (task, runbook, privileged); returns (fresh trajectories with
-    meta.accepted / meta.leaks / meta.runbook, Q_clean = accepted public views)."""
+def fresh_execute(engine, policy, h0, tasks_runbooks, m: int, tokenizer,
+                  exec_instruction: str) -> tuple[list, list]:
+    """M guided executions per (task, runbook, privileged) through `engine` (streams
+    "execution"); returns (fresh trajectories with meta.accepted / meta.leaks / meta.runbook,
+    Q_clean = accepted public views). An execution that raised is absent."""
     launch, harnesses, info = [], [], []
     for idx, (task, rb, priv) in enumerate(tasks_runbooks):
         h = execution_harness(h0, rb, instruction=exec_instruction)
@@ -157,9 +157,11 @@ def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: in
             launch.append(task)
             harnesses.append(h)
             info.append((idx, rep, rb, priv))
-    trajs = cm.collect(policy, harnesses, launch, concurrency, sandbox)
+    trajs = engine.run(policy, launch, harness=harnesses, streams="execution",
+                       desc="fresh execution").trajectories
     q_clean = []
-    for traj, (idx, rep, rb, priv) in zip(trajs, info, strict=True):
+    for traj in trajs:
+        idx, rep, rb, priv = info[traj.meta["launch_index"]]
         leaks: list[str] = []
         pub = None
         if traj.turns:
@@ -174,14 +176,15 @@ def fresh_execute(policy, h0, tasks_runbooks, m: int, tokenizer, concurrency: in
     return trajs, q_clean
 
 
-def rehearsal_set(policy, h0, tasks, samples: int, concurrency: int, sandbox=None) -> list:
-    """The verified (S = 1) episodes of `samples` runs per task of `policy` under H0: the
-    actor's own successes, replayed next to Q_clean in the fine-tune (`sft.rehearsal_samples`).
-    Unguided, so each is its own public view. A discovery pass under H0 alone."""
+def rehearsal_set(engine, policy, tasks, samples: int) -> list:
+    """The verified (S = 1) episodes of `samples` runs per task of `policy` under H0 (the
+    engine's harness): the actor's own successes, replayed next to Q_clean in the fine-tune
+    (`sft.rehearsal_samples`). Unguided, so each is its own public view. A discovery pass
+    under H0 alone."""
     if not samples:
         return []
-    found, _, _ = discover(tasks, [DiscoveryVariant("rehearsal", h0, policy, samples)],
-                           concurrency=concurrency, sandbox=sandbox)
+    found, _, _ = discover(engine, tasks,
+                           [DiscoveryVariant("rehearsal", engine.harness, policy, samples)])
     for f in found:
         f.trajectory.meta["rehearsal"] = True
     return [f.trajectory for f in found]
@@ -263,30 +266,34 @@ def _tree_equal(a, b) -> bool:
 
 @dataclasses.dataclass
 class StageSetup:
-    """What stays fixed over one RSR stage: its config, model, target harness H0, training
-    tasks, sandbox factory, output dirs, the input critic (a host copy, passed through
-    unchanged) with a reference copy to check it against, and the compiled samplers."""
+    """What stays fixed over one RSR stage: its config, rollout engine (model, target harness
+    H0, sandboxes, the verdict as reward, the compiled sampler), training tasks, output dirs,
+    and the input critic (a host copy, passed through unchanged) with a reference copy to
+    check it against."""
 
     config: Any
-    tokenizer: Any
-    mcfg: Any
-    h0: HarnessConfig
+    engine: RolloutEngine
     tasks: list
-    sandbox: Callable
     export: str
     trajdir: str
     critic_in: Any
     critic_ref: Any
-    cache: dict = dataclasses.field(default_factory=dict)
 
     @property
-    def concurrency(self) -> int:
-        return self.config.rollout.concurrency
+    def tokenizer(self):
+        return self.engine.model.tokenizer
+
+    @property
+    def mcfg(self):
+        return self.engine.model.config
+
+    @property
+    def h0(self) -> HarnessConfig:
+        return self.engine.harness
 
     def policy(self, actor: TrainState, seed: int):
-        """A sampler policy of `actor` (`common.make_sampler_policy`)."""
-        return cm.make_sampler_policy(actor, self.mcfg, self.tokenizer, self.config, seed,
-                                      self.cache)
+        """A sampler policy of `actor`'s weights, sampling from streams of `seed`."""
+        return self.engine.policy(actor.params, seed=seed, graphdef=actor.graphdef)
 
     def write(self, name: str, trajectories: list) -> None:
         """`trajectories/<name>.jsonl` (process 0 writes; every process holds them all)."""
@@ -350,10 +357,10 @@ def setup_stage(config, workdir: str) -> tuple[StageSetup, TrainState]:
     critic_in = multihost.host_copy(
         import_params(config.init.critic_weights, "critic", model.config)
         if config.init.critic_weights else critic_params_from_actor(actor.params))
-    setup = StageSetup(config, model.tokenizer, model.config, cm.harness_from_config(config),
+    setup = StageSetup(config, RolloutEngine.from_config(config, model, scorer=cm.RSR_SCORER),
                        pool_tasks(config.tasks, config.tasks.train_split,
                                   config.tasks.n_per_family, cm.StageError),
-                       cm.task_sandbox(config), export, trajdir, critic_in,
+                       export, trajdir, critic_in,
                        jax.tree.map(lambda x: np.array(x, copy=True), critic_in))
     return setup, actor
 
@@ -371,9 +378,8 @@ def keep_per_task(found: list, max_per_task: int) -> list:
 
 def discover_successes(st: StageSetup, actor_pol) -> Discovered:
     """Step 1: the actor under the complementary harnesses (trajectories/discovery.jsonl)."""
-    found, episodes, stats = discover(st.tasks, discovery_variants(st.config, actor_pol,
-                                                                   st.tokenizer),
-                                      concurrency=st.concurrency, sandbox=st.sandbox)
+    found, episodes, stats = discover(st.engine, st.tasks, discovery_variants(
+        st.config, st.h0, actor_pol, st.tokenizer))
     st.write("discovery", episodes)
     kept = keep_per_task(found, st.config.discovery.max_per_task)
     print(f"[rsr] discovery: {len(found)} verified of {len(episodes)} episodes; "
@@ -417,9 +423,9 @@ def execute_runbooks(st: StageSetup, actor_pol, to_run: list) -> tuple[list, lis
     accepted public views Q_clean (trajectories/q_clean.jsonl)."""
     ex = st.config.execution
     h0 = st.h0 if ex.temperature is None else dataclasses.replace(
-        st.h0, sampling=dataclasses.replace(st.h0.sampling, temperature=ex.temperature))
-    fresh, q_clean = fresh_execute(actor_pol, h0, to_run, ex.m, st.tokenizer, st.concurrency,
-                                   ex.instruction or EXEC_INSTRUCTION, st.sandbox)
+        st.h0, temperature=ex.temperature)
+    fresh, q_clean = fresh_execute(st.engine, actor_pol, h0, to_run, ex.m, st.tokenizer,
+                                   ex.instruction or EXEC_INSTRUCTION)
     st.write("fresh", fresh)
     st.write("q_clean", q_clean)
     print(f"[rsr] fresh execution: {len(q_clean)}/{len(fresh)} accepted "
@@ -440,7 +446,7 @@ def rehearse(st: StageSetup, actor_pol) -> list:
     actor's own verified H0 successes, so that families absent from a small Q_clean are not
     forgotten by fine-tuning on it alone."""
     samples = st.config.sft.rehearsal_samples
-    rehearsal = rehearsal_set(actor_pol, st.h0, st.tasks, samples, st.concurrency, st.sandbox)
+    rehearsal = rehearsal_set(st.engine, actor_pol, st.tasks, samples)
     st.write("rehearsal", rehearsal)
     if samples:
         print(f"[rsr] self-rehearsal: {len(rehearsal)} verified H0 successes of "
@@ -465,10 +471,10 @@ def rewritten_success(st: StageSetup, actor: TrainState, rewritten: list,
     `eval.rewritten` off or no rewritten task)."""
     if not (st.config.eval.rewritten and rewritten):
         return None
-    eval_h = dataclasses.replace(st.h0, sampling=SamplingSettings(
-        temperature=st.config.eval.temperature))
-    trajs = cm.collect(st.policy(actor, seed), eval_h, rewritten, st.concurrency, st.sandbox)
-    return float(np.mean([t.S for t in trajs]))
+    eval_h = dataclasses.replace(st.h0, temperature=st.config.eval.temperature)
+    trajs = st.engine.run(st.policy(actor, seed), rewritten, harness=eval_h,
+                          streams="rewritten", desc="rewritten tasks").trajectories
+    return float(sum(t.S for t in trajs) / len(rewritten))  # one that raised: failed
 
 
 def finetune(st: StageSetup, actor: TrainState, q_clean: list, rehearsal: list,
@@ -562,18 +568,18 @@ def run_rsr(config: RSRConfig, workdir: str) -> RSRResult:
     st, actor = setup_stage(config, workdir)
     actor_pol = st.policy(actor, config.seed)
     disc = discover_successes(st, actor_pol)
-    # the planner samples from a fresh stream of the same seed (one process: as before the split)
-    rev = plan_and_review(st, disc.kept, st.policy(actor, config.seed))
+    # every episode and plan samples from its own stream of the seed: the stage replays
+    rev = plan_and_review(st, disc.kept, actor_pol)
     fresh, q_clean = execute_runbooks(st, actor_pol, rev.to_run)
     rehearsal = rehearse(st, actor_pol)
     # the rewritten tasks (those with a clean sample): success under H0 before and after
     rewritten_ids = {t.task_id for t in q_clean}
     rewritten = [t for t in st.tasks if t.id in rewritten_ids]
-    before = rewritten_success(st, actor, rewritten, config.seed + 11)
+    before = rewritten_success(st, actor, rewritten, config.seed)
     guided = guided_rehearsal(st, fresh)
     ft = finetune(st, actor, q_clean, rehearsal + guided, np.random.default_rng(config.seed))
     cm.write_jsonl(os.path.join(workdir, "metrics.jsonl"), ft.metrics)
-    after = rewritten_success(st, ft.actor, rewritten, config.seed + 12)
+    after = rewritten_success(st, ft.actor, rewritten, config.seed)  # the same streams
     identical = export_weights_checked(st, ft.actor)
     summary = {**rsr_summary(st, disc, rev, fresh, q_clean, rehearsal, ft, (before, after),
                              identical), "guided_rehearsal_size": len(guided),

@@ -47,7 +47,8 @@ def test_the_registry_matches_the_config_choices():
     assert tuple(FORMATS) == ACTION_FORMATS
     with pytest.raises(ValueError, match="unknown action format 'yaml'"):
         get_format("yaml")
-    with pytest.raises(ValueError, match="action_format must be one of"):
+    with pytest.raises(ValueError, match="action_format = 'yaml' is not allowed; expected str, "
+                       "one of 'json', 'xml', 'bash'"):
         HarnessConfig(action_format="yaml")
 
 

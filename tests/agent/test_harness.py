@@ -7,15 +7,21 @@ import pytest
 from terminal_rsi.agent import (
     HarnessConfig,
     ReferencePolicy,
+    SamplingSettings,
     ScriptedPolicy,
     TerminalReason,
     pack_trajectories,
 )
 from terminal_rsi.agent.harness import reference_action, run_episode
+from terminal_rsi.evaluation.config import EvalHarness
+from terminal_rsi.experiments.rollouts import RolloutsHarness
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rewards import EpisodeScorer
+from terminal_rsi.rsr.config import TargetHarness
 from terminal_rsi.sampling import Buckets
 from terminal_rsi.sandbox import BadRequest, InfrastructureError, SandboxLost
+from terminal_rsi.sections import Harness, NucleusHarness
+from terminal_rsi.settings import SettingError, shared_section, specs
 from terminal_rsi.tasks import get_suite, open_task_sandbox
 
 TOK = ByteTokenizer()
@@ -92,20 +98,56 @@ def test_without_max_parse_errors_the_turn_budget_ends_the_episode():
 
 
 def test_harness_from_config_section():
-    section = {"max_turns": 3, "max_output_tokens": 64, "max_input_tokens": 512,
-               "summarize_threshold": None, "agent_timeout_s": None, "temperature": 0.6,
-               "top_p": 0.9, "system_prompt": None, "max_observation_chars": 300,
-               "max_parse_errors": 1, "action_style": "compact"}
+    """A stage's typed harness section reaches the runtime harness whole: every setting of
+    the section class it shares with HarnessConfig (by inheritance, never by matching
+    names); the stage's own fields stay behind unless the stage passes them on."""
+    section = EvalHarness(max_turns=3, max_output_tokens=64, max_input_tokens=512,
+                          summarize_threshold=None, temperature=0.6, top_p=0.9,
+                          max_observation_chars=300, max_parse_errors=1)
     h = HarnessConfig.from_config(section, name="eval")
     assert (h.name, h.max_turns, h.max_output_tokens, h.max_input_tokens) == ("eval", 3, 64, 512)
     assert h.summarize_threshold is None and h.agent_timeout_s is None
     assert h.max_observation_chars == 300 and h.max_parse_errors == 1
-    assert (h.sampling.temperature, h.sampling.top_p) == (0.6, 0.9)
-    assert h.system_prompt == HarnessConfig().system_prompt
-    h2 = HarnessConfig.from_config({**section, "system_prompt": "Be brief."}, max_turns=1)
+    assert h.sampling == SamplingSettings(temperature=0.6, top_p=0.9, top_k=0)
+    assert h.system_prompt is None and h.system_text == HarnessConfig().system_text
+    h2 = HarnessConfig.from_config(section.replace(system_prompt="Be brief."), max_turns=1)
     assert h2.system_prompt == "Be brief." and h2.max_turns == 1
-    # keys the section lacks keep the HarnessConfig defaults
+    # a stage's own setting (rsr's action_style) is the stage's; top_p is not in its section
+    target = HarnessConfig.from_config(TargetHarness(action_style="full", temperature=0.5))
+    assert target.temperature == 0.5 and target.top_p == 1.0
+    assert not hasattr(target, "action_style")
+    # a plain mapping passes every key: one HarnessConfig lacks is an error, never dropped
     assert HarnessConfig.from_config({"max_turns": 2}).max_observation_chars == 8000
+    with pytest.raises(SettingError, match="no setting 'action_style'"):
+        HarnessConfig.from_config({"max_turns": 2, "action_style": "compact"})
+    with pytest.raises(SettingError, match="HarnessConfig.max_turns = 0"):
+        HarnessConfig.from_config(TargetHarness(), max_turns=0)
+
+
+def test_every_harness_setting_has_one_class_and_one_default():
+    """The runtime harness is the config's harness section plus runtime-only fields: it
+    redeclares none of the section's settings (so their defaults, bounds and docs are the
+    section's), and every setting a stage's harness section shares with it flows."""
+    shared = specs(NucleusHarness)
+    assert not set(vars(HarnessConfig)["__annotations__"]) & set(shared)  # none redeclared
+    assert all(specs(HarnessConfig)[k] == v for k, v in shared.items())
+    assert {k: getattr(HarnessConfig(), k) for k in shared} == dict(NucleusHarness())
+    # the paper's harness is the default a library user gets
+    h = HarnessConfig()
+    assert (h.max_turns, h.max_output_tokens, h.max_input_tokens, h.summarize_threshold) == \
+        (32, 8192, 96000, 32000)
+    for cls in (Harness, TargetHarness, EvalHarness, RolloutsHarness):
+        base = shared_section(HarnessConfig, cls)
+        changed = _changed_values(base)
+        h = HarnessConfig.from_config(cls(**changed))
+        assert {k: getattr(h, k) for k in changed} == changed, cls.__name__
+
+
+def _changed_values(cls) -> dict:
+    """A value other than the default for every setting of `cls`."""
+    other = {int: 7, float: 0.5, str: "changed"}
+    return {name: [c for c in spec.choices if c != getattr(cls(), name)][0] if spec.choices
+            else other[spec.type] for name, spec in specs(cls).items()}
 
 
 def test_max_turns_is_verified_and_rewarded():

@@ -9,14 +9,12 @@ from terminal_rsi.agent import (
     HarnessConfig,
     ReferencePolicy,
     SamplerPolicy,
-    SamplingSettings,
     ScriptedPolicy,
     TerminalReason,
     pack_trajectories,
 )
 from terminal_rsi.agent.harness import reference_action
 from terminal_rsi.agent.scheduler import (
-    AsyncRollouts,
     BatchingPolicy,
     RolloutScheduler,
     SchedulerConfig,
@@ -120,29 +118,6 @@ def test_dropped_episodes_do_not_fill_the_batch():
     assert res.dropped[0].terminal_reason == TerminalReason.INFRASTRUCTURE_ERROR
 
 
-def test_async_one_batch_ahead_records_policy_versions():
-    pol = ReferencePolicy(TOK)
-    sched = RolloutScheduler(pol, HarnessConfig(max_turns=2),
-                             config=SchedulerConfig(concurrency=2, oversample=0))
-    batches = iter([_tasks(2), _tasks(2), _tasks(2)])
-    ar = AsyncRollouts(sched, batches, batch_size=2)
-    try:
-        r0 = ar.next()  # batch 1 is launched now, with version 0
-        assert {t.policy_version for t in r0.trajectories} == {0}
-        assert r0.stats["policy_lag_mean"] == 0
-        pol.version = 1  # "train" on batch 0
-        r1 = ar.next()  # rolled out with version 0 while batch 0 trained: lag 1
-        assert {t.policy_version for t in r1.trajectories} == {0}
-        assert r1.stats["policy_lag_mean"] == 1
-        pol.version = 2
-        r2 = ar.next()
-        assert {t.policy_version for t in r2.trajectories} == {1}
-        with pytest.raises(StopIteration):
-            ar.next()
-    finally:
-        ar.close()
-
-
 def test_batching_policy_propagates_errors():
     class Broken:
         tokenizer = TOK
@@ -172,8 +147,7 @@ def test_tiny_model_episodes_are_well_formed():
     sampler = Sampler(graphdef, cfg, decode_block=8, buckets=Buckets(
         prefill_chunk=256, cache_multiple=1024, batch_multiple=4, power_of_two=False))
     pol = SamplerPolicy(sampler, nnx.to_pure_dict(state), TOK, seed=0, version=7)
-    h = HarnessConfig(max_turns=2, max_output_tokens=8, sampling=__import__(
-        "terminal_rsi.agent", fromlist=["SamplingSettings"]).SamplingSettings(temperature=1.0))
+    h = HarnessConfig(max_turns=2, max_output_tokens=8, temperature=1.0)
     sched = RolloutScheduler(pol, h, config=SchedulerConfig(
         concurrency=3, oversample=0, max_batch_wait_s=2.0))
     res = sched.collect(_tasks(3), batch_size=3)
@@ -230,8 +204,7 @@ def _tiny_sampler_policy(seed):
 def test_episode_streams_replay_the_same_episodes_whatever_runs_beside_them():
     """Evaluation's common random numbers: episode i samples from stream i, so the same
     actor gives the same episodes at any concurrency and batch composition."""
-    h = HarnessConfig(max_turns=2, max_output_tokens=8,
-                      sampling=SamplingSettings(temperature=1.0))
+    h = HarnessConfig(max_turns=2, max_output_tokens=8, temperature=1.0)
     tasks = _tasks(2) + _tasks(2, "count_lines")
 
     def sampled(seed, concurrency, streams=True):
@@ -256,8 +229,7 @@ def test_a_share_with_first_index_replays_its_part_of_the_whole_launch():
     """One process's share of a launch list (`first_index`, as evaluation splits it across
     processes) samples the same episodes, under the same launch indices, as the whole list
     run at once; without it the share would start over at stream 0."""
-    h = HarnessConfig(max_turns=2, max_output_tokens=8,
-                      sampling=SamplingSettings(temperature=1.0))
+    h = HarnessConfig(max_turns=2, max_output_tokens=8, temperature=1.0)
     tasks = _tasks(2) + _tasks(2, "count_lines")
 
     def sampled(launch, first_index=0):

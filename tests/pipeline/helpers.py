@@ -2,7 +2,7 @@
 
 import os
 
-from configs.rpr2_spr import get_config
+from terminal_rsi.configs.rpr2_spr import get_config
 from terminal_rsi.configuration import validate_config
 from terminal_rsi.pipeline.config import SCHEMA, resolved
 

@@ -6,15 +6,16 @@ import os
 
 import pytest
 
-from configs.rpr2_spr import get_config
 from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.harness import HarnessConfig
+from terminal_rsi.configs.rpr2_spr import get_config
 from terminal_rsi.configuration import ConfigError, flatten, validate_config
 from terminal_rsi.pipeline import graph as G
 from terminal_rsi.pipeline import ledger as L
 from terminal_rsi.pipeline.config import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError
 from terminal_rsi.pipeline.stage_eval import train_stats
+from terminal_rsi.registry import get_experiment
 
 
 def _config(**pipeline):
@@ -83,10 +84,10 @@ def test_action_format_reaches_every_stage_with_its_short_prompt(tmp_path, termi
     p = Pipeline(resolved(c), str(tmp_path / terminal))
     want = get_format("bash").short_prompt(terminal)
     for n in ("base", "rsr1", "warmup_critic", "rpr1_fdr", "rsr2", "rpr2_spr"):
-        h = p.stage_config(n).harness
+        h = get_experiment(p.graph[n].experiment).check(p.stage_config(n)).harness
         assert (h.action_format, h.terminal) == ("bash", terminal), n
         assert HarnessConfig.from_config(h).system_text == want, n  # what the agent reads
-    h = p.eval_base_config().harness
+    h = get_experiment("evaluate").check(p.eval_base_config()).harness
     assert h.action_format == "bash" and HarnessConfig.from_config(h).system_text == want
 
 
@@ -260,7 +261,7 @@ def test_validate_ledger_rejects(tmp_path, mutate, match):
                                   "rpr2_spr_smollm2"])
 def test_config_files_validate(name):
     from terminal_rsi import registry
-    from terminal_rsi.pipeline.runner import load_config_file
+    from terminal_rsi.pipeline.resolve import load_config_file
 
     c = load_config_file(f"configs/{name}.py")
     validate_config(c, registry.get_experiment(c.experiment).SCHEMA)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from configs.rpr2_spr import get_config
+from terminal_rsi.configs.rpr2_spr import get_config
 from terminal_rsi.pipeline.config import resolved
 from terminal_rsi.pipeline.runner import Pipeline
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from configs.rpr2_spr_smollm2 import get_config
+from terminal_rsi.configs.rpr2_spr_smollm2 import get_config
 from terminal_rsi.pipeline import graph as G
 from terminal_rsi.pipeline.runner import Pipeline
 from terminal_rsi.pipeline.table import chain_gain

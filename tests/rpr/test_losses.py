@@ -11,6 +11,7 @@ from terminal_rsi.losses import (
     Aggregation,
     LossConfigError,
     PPOConfig,
+    PPOLoss,
     aggregate,
     clipped_value_loss,
     combine_stats,
@@ -20,6 +21,7 @@ from terminal_rsi.losses import (
     ppo_policy_loss,
     sft_loss,
 )
+from terminal_rsi.settings import SettingError, specs
 
 AGGS = tuple(Aggregation)
 
@@ -218,12 +220,30 @@ class LossTest(parameterized.TestCase):
         self.assertEqual(PPOConfig().clip_low, 0.3)
         self.assertEqual(PPOConfig().kl_coef, 0.0)
         self.assertEqual(PPOConfig().entropy_coef, 0.0)
-        cfg = PPOConfig.from_config({"aggregation": "token_mean", "clip_high": 2.0, "x": 1})
-        self.assertIs(cfg.aggregation, Aggregation.TOKEN_MEAN)
-        with self.assertRaisesRegex(LossConfigError, "clip_low"):
+        cfg = PPOConfig.from_config({"aggregation": "token_mean", "clip_high": 2.0})
+        self.assertIs(cfg.aggregation, Aggregation.TOKEN_MEAN)  # the value converts
+        self.assertIs(PPOConfig(aggregation="token_mean").aggregation, Aggregation.TOKEN_MEAN)
+        with self.assertRaisesRegex(SettingError, "no setting 'x'"):  # never dropped
+            PPOConfig.from_config({"clip_high": 2.0, "x": 1})
+        with self.assertRaisesRegex(SettingError, "clip_low"):
             PPOConfig(clip_low=1.5)
-        with self.assertRaisesRegex(LossConfigError, "aggregation"):
-            PPOConfig(aggregation="token_mean")
+        with self.assertRaisesRegex(SettingError, "aggregation"):
+            PPOConfig(aggregation="mean")
+
+    def test_the_loss_settings_are_declared_once(self):
+        """The runtime PPOConfig is the PPO loss section (`PPOLoss`, which an RPR phase's
+        `ppo` section extends) plus what the phase derives: no loss setting is redeclared,
+        and each one of a phase's ppo section reaches the losses."""
+        from terminal_rsi.rpr.config import PPO
+
+        self.assertFalse(set(vars(PPOConfig)["__annotations__"]) & set(specs(PPOLoss)))
+        self.assertFalse(set(vars(PPO)["__annotations__"]) & set(specs(PPOLoss)))
+        section = PPO(clip_low=0.2, clip_high=3.0, value_clip=2.0, kl_coef=0.1,
+                      entropy_coef=0.01, aggregation="token_mean", epochs=3)
+        cfg = PPOConfig.from_config(section, temperature=0.6)
+        self.assertEqual({k: cfg[k] for k in specs(PPOLoss)},
+                         {k: section[k] for k in specs(PPOLoss)})
+        self.assertEqual((cfg.temperature, cfg.is_cap), (0.6, None))
 
     def test_empty_mask_gives_zero_loss(self):
         z = jnp.zeros((2, 3))
@@ -310,7 +330,7 @@ class BehaviorCorrectionTest(parameterized.TestCase):
         lp, old, _, adv, m = self._data()
         with self.assertRaisesRegex(LossConfigError, "behavior_logprobs"):
             ppo_policy_loss(lp, old, adv, m, PPOConfig(is_cap=2.0))
-        with self.assertRaisesRegex(LossConfigError, "is_cap"):
+        with self.assertRaisesRegex(SettingError, "is_cap"):
             PPOConfig(is_cap=0.5)
-        with self.assertRaisesRegex(LossConfigError, "is_band"):
+        with self.assertRaisesRegex(SettingError, "is_band"):
             PPOConfig(is_band=(1.5, 2.0))

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from terminal_rsi.rpr import run_phase
-from terminal_rsi.rpr.phase import ppo_config
 from tests.rpr.helpers import to_numpy, trees_equal, typed, untimed
 from tests.rpr.test_phase import _config as sync_config
 
@@ -66,7 +65,7 @@ def test_episodes_carry_the_lag_and_the_loss_corrects_it(runs):
     assert [r["policy_lag_max"] for r in rows] == [0, 0, 1, 1]
     assert [r["policy_lag_frac_1"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
     # auto: truncated importance weights at lag 1; its statistics are in the metrics
-    assert ppo_config(ahead_config()).is_cap == 2.0
+    assert ahead_config().loss_config().is_cap == 2.0
     for r in rows[1:]:
         assert 0.0 < r["actor/is_weight_mean"] <= 2.0
         assert 0.0 <= r["actor/is_truncated_frac"] <= 1.0

@@ -270,9 +270,9 @@ def test_logprobs_and_ratio_at_the_sampling_temperature(setup, temperature):
 
 
 def test_policy_temperature_must_be_positive():
-    from terminal_rsi.losses import LossConfigError
+    from terminal_rsi.settings import SettingError
 
-    with pytest.raises(LossConfigError, match="temperature"):
+    with pytest.raises(SettingError, match="temperature"):
         PPOConfig(temperature=0.0)
 
 

@@ -49,6 +49,7 @@ def test_base_sft_end_to_end(tmp_path):
     from terminal_rsi.rsr.common import create_actor
 
     c.init.actor_weights = os.path.join(wd, "export")
+    c = registry.get_experiment("base_sft").check(c)  # the typed config a stage runs on
     actor = create_actor(c, model_config(c), c.actor_opt, 0)
     critic = import_weights(os.path.join(wd, "export"), "critic",
                             critic_params_from_actor(actor.params))

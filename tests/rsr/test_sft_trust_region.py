@@ -13,13 +13,14 @@ import optax
 import pytest
 from absl.testing import parameterized
 
-from terminal_rsi.agent import HarnessConfig, SamplingSettings
+from terminal_rsi.agent import HarnessConfig, RolloutEngine
 from terminal_rsi.alignment import trained_mask
 from terminal_rsi.losses import Aggregation, kl_to_reference
 from terminal_rsi.models.loading import import_params
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rsr import stage as stage_mod
 from terminal_rsi.rsr.base_sft import runbook_for_task
+from terminal_rsi.rsr.common import RSR_SCORER
 from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
 from terminal_rsi.rsr.reviewer import privileged_strings
 from terminal_rsi.rsr.sft import make_sft_step, sft_loss_parts
@@ -226,10 +227,11 @@ def _verified_runs():
     """Verified count_lines episodes of a runbook follower (stand-ins for rehearsal)."""
     h0 = HarnessConfig(name="H0", system_prompt=SYSTEM, max_turns=1, max_output_tokens=128,
                        max_input_tokens=1024, summarize_threshold=None,
-                       sampling=SamplingSettings(temperature=0.0))
+                       temperature=0.0)
     tasks = [make_task("count_lines", s) for s in (0, 1)]
     todo = [(t, runbook_for_task(t), privileged_strings(t)) for t in tasks]
-    _, clean = fresh_execute(follower_policy(TOK), h0, todo, 1, TOK, 2, EXEC_INSTRUCTION)
+    engine = RolloutEngine(h0, None, concurrency=2, scorer=RSR_SCORER)
+    _, clean = fresh_execute(engine, follower_policy(TOK), h0, todo, 1, TOK, EXEC_INSTRUCTION)
     assert len(clean) == 2
     return clean
 

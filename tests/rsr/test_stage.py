@@ -9,10 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from terminal_rsi.agent import HarnessConfig, SamplingSettings, read_shard
+from terminal_rsi import sharding as shd
+from terminal_rsi.agent import HarnessConfig, RolloutEngine, read_shard
 from terminal_rsi.checkpoint import export_weights
 from terminal_rsi.losses import Aggregation
 from terminal_rsi.models.config import get_model_config
+from terminal_rsi.models.loading import LoadedModel
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM, critic_params_from_actor
 from terminal_rsi.rsr import common as cm
@@ -20,6 +22,7 @@ from terminal_rsi.rsr.base_sft import runbook_for_task
 from terminal_rsi.rsr.reviewer import privileged_strings
 from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
 from terminal_rsi.rsr.stage import (
+    StageSetup,
     acceptance_funnel,
     execute_runbooks,
     fresh_execute,
@@ -38,15 +41,15 @@ TOK = ByteTokenizer()
 SYSTEM = "Reply with one JSON action."
 H0 = HarnessConfig(name="H0", system_prompt=SYSTEM, max_turns=1, max_output_tokens=128,
                    max_input_tokens=1024, summarize_threshold=None,
-                   sampling=SamplingSettings(temperature=0.0))
+                   temperature=0.0)
 MCFG = get_model_config("tiny", **{k: v for k, v in TINY_MODEL.items()
                                    if k not in ("preset", "vocab_size")})
 BUCKETS = Buckets(cache_multiple=64, power_of_two=False)
 
 
-class _Cfg:  # the config pieces make_sampler_policy reads
-    class rollout:  # noqa: N801
-        decode_block, prefill_chunk, cache_multiple = 32, 128, 64
+ROLLOUT = NS(decode_block=32, prefill_chunk=128, cache_multiple=64)  # the sampler's shapes
+ENGINE = RolloutEngine(H0, None, concurrency=4, scorer=cm.RSR_SCORER, rollout=ROLLOUT,
+                       model=LoadedModel(TOK, MCFG, shd.abstract_model(DecoderLM, MCFG)[0]))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,8 @@ def q_clean():
     todo = [(t, runbook_for_task(t), privileged_strings(t)) for t in tasks]
     from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION
 
-    fresh, clean = fresh_execute(follower_policy(TOK), H0, todo, 2, TOK, 4, EXEC_INSTRUCTION)
+    fresh, clean = fresh_execute(ENGINE, follower_policy(TOK), H0, todo, 2, TOK,
+                                 EXEC_INSTRUCTION)
     return tasks, todo, fresh, clean
 
 
@@ -93,12 +97,11 @@ def trained(q_clean):
     return before_params, actor, nll0, nll1, rows
 
 
-_SAMPLERS: dict = {}
-
-
 def _success(params_state, tasks):
-    pol = cm.make_sampler_policy(params_state, MCFG, TOK, _Cfg, 0, _SAMPLERS)
-    return float(np.mean([t.S for t in cm.collect(pol, H0, tasks, 4)]))
+    pol = ENGINE.policy(params_state.params, seed=0, graphdef=params_state.graphdef)
+    done = ENGINE.run(pol, tasks)
+    assert not done.errors and len(done.trajectories) == len(tasks)
+    return float(np.mean([t.S for t in done.trajectories]))
 
 
 def test_finetuning_lowers_nll_and_raises_success(q_clean, trained):
@@ -153,6 +156,35 @@ def test_rsr_stage_end_to_end(tmp_path, trained):
                           np.asarray(critic["value_head"]["w"]))
 
 
+def test_an_rsr_stage_replays_for_a_seed(tmp_path, trained):
+    """The same stage run twice (same seed, same input actor, sampling at temperature 1) keeps
+    the same Q_clean, token for token, and exports the same actor bit for bit, even with four
+    episodes in flight in one run and one at a time in the other (other generation batches,
+    other finishing order): every episode and plan samples from its own random stream."""
+    _, actor, _, _, _ = trained
+    src = str(tmp_path / "in")
+    export_weights(src, "actor", actor.params)
+    cfg = tiny_stage_config(**{"init.actor_weights": src, "harness.system_prompt": SYSTEM,
+                               "harness.temperature": 1.0, "eval.rewritten": False,
+                               "execution.m": 4})
+    runs = [run_rsr(cfg.replace(rollout=cfg.rollout.replace(concurrency=c)),
+                    str(tmp_path / name)) for name, c in (("a", 4), ("b", 1))]
+
+    def shard(name, run):
+        return [[(t.sampled_ids, t.observation_ids) for t in traj.turns] + [traj.S]
+                for traj in read_shard(os.path.join(tmp_path, run, "trajectories",
+                                                    f"{name}.jsonl"))]
+
+    assert runs[0].summary["q_clean_size"] >= 1  # the fine-tune ran: the actor moved
+    for name in ("discovery", "fresh", "q_clean"):
+        assert shard(name, "a") == shard(name, "b"), name
+    assert runs[0].summary["q_clean_size"] == runs[1].summary["q_clean_size"]
+    leaves = [jax.tree.leaves(jax.device_get(r.actor.params)) for r in runs]
+    assert all(np.array_equal(x, y) for x, y in zip(*leaves, strict=True))
+    assert not np.array_equal(np.asarray(runs[0].actor.params["backbone"]["embed"]),
+                              np.asarray(actor.params["backbone"]["embed"]))
+
+
 def test_rehearsal_set_keeps_the_verified_unguided_successes():
     """`rehearsal_set`: `samples` H0 runs per task, only S = 1 episodes kept, unguided (the
     prompt is the public H0 prompt), marked meta.rehearsal; samples = 0 runs nothing."""
@@ -168,13 +200,13 @@ def test_rehearsal_set_keeps_the_verified_unguided_successes():
 
     policy = ScriptedPolicy(TOK, script)
     tasks = [make_task("count_lines", 0), make_task("create_file", 0), make_task("count_lines", 1)]
-    out = rehearsal_set(policy, H0, tasks, 2, 2)
+    out = rehearsal_set(ENGINE, policy, tasks, 2)
     assert sorted(t.task_id for t in out) == sorted([tasks[0].id, tasks[2].id] * 2)
     assert all(t.S == 1 and t.meta["rehearsal"] for t in out)
     assert all(SYSTEM in TOK.decode(t.turns[0].prompt_ids) for t in out)
     assert "Runbook" not in TOK.decode(out[0].turns[0].prompt_ids)
     calls = policy.calls
-    assert rehearsal_set(policy, H0, tasks, 0, 2) == [] and policy.calls == calls
+    assert rehearsal_set(ENGINE, policy, tasks, 0) == [] and policy.calls == calls
 
 
 @pytest.fixture(scope="module")
@@ -199,11 +231,11 @@ def test_rsr_stage_on_a_gguf_model(tmp_path, tiny_gguf, monkeypatch):
 
     tokenizers = []
 
-    def follower(actor, mcfg, tokenizer, config, seed, cache):
-        tokenizers.append(tokenizer)
-        return follower_policy(tokenizer)
+    def follower(setup, actor, seed):
+        tokenizers.append(setup.tokenizer)
+        return follower_policy(setup.tokenizer)
 
-    monkeypatch.setattr(cm, "make_sampler_policy", follower)
+    monkeypatch.setattr(StageSetup, "policy", follower)
     cfg = tiny_stage_config(**{"model.gguf": tiny_gguf, "harness.system_prompt": SYSTEM,
                                "eval.rewritten": False, "execution.m": 1, "sft.steps": 3})
     model = load_model(cfg, params=True)
@@ -280,10 +312,10 @@ def test_fresh_execution_samples_at_its_own_temperature(tmp_path, temperature):
             seen.extend(r.sampling.temperature for r in requests)
             return follower.generate(requests)
 
-    h0 = HarnessConfig(**{**H0.__dict__, "sampling": SamplingSettings(temperature=0.6)})
+    h0 = H0.replace(temperature=0.6)
     tasks = [make_task("count_lines", s) for s in (0, 1)]
     st = NS(config=NS(execution=NS(temperature=temperature, m=2, instruction=None)), h0=h0,
-            tokenizer=TOK, concurrency=2, sandbox=None, tasks=tasks,
+            tokenizer=TOK, engine=RolloutEngine(h0, None, concurrency=2), tasks=tasks,
             write=lambda name, trajs: None)
     todo = [(t, runbook_for_task(t), privileged_strings(t)) for t in tasks]
     fresh, clean = execute_runbooks(st, Recording(), todo)

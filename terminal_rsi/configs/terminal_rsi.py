@@ -7,7 +7,7 @@ Same options as configs/rpr2_spr.py (a run dir of either job can be continued by
 shared stages are reused).
 """
 
-from configs.rpr2_spr import get_config as _main
+from terminal_rsi.configs.rpr2_spr import get_config as _main
 
 
 def get_config():

@@ -12,7 +12,7 @@ family. Measured 2026-12-05 with this file on 2 CPU cores: 12.8 min wall (11.2 o
 (BaseSFTConfig) and configs/base_sft.py; this file sets what differs.
 """
 
-from configs.base_sft import get_config as _tiny
+from terminal_rsi.configs.base_sft import get_config as _tiny
 
 
 def get_config():

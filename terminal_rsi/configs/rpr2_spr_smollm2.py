@@ -13,7 +13,7 @@ command after a stop and finished stages are reused. The budgets are the `smollm
 (terminal_rsi/pipeline/scales.py); everything else is configs/rpr2_spr.py.
 """
 
-from configs.rpr2_spr import get_config as _main
+from terminal_rsi.configs.rpr2_spr import get_config as _main
 
 
 def get_config():

@@ -10,7 +10,7 @@ and the longer-budget harness) since the retained actor is stronger.
 
 import ml_collections
 
-from configs.rsr1 import get_config as rsr1_config
+from terminal_rsi.configs.rsr1 import get_config as rsr1_config
 
 
 def get_config() -> ml_collections.ConfigDict:

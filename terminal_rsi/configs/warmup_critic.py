@@ -8,7 +8,7 @@ RSR-1 actor frozen prepares the Warm-up Critic for RPR-1 (rpr_phase, mode warmup
 In the pipeline (configs/rpr2_spr.py) the inputs are set from the graph.
 """
 
-from configs.rpr_phase import get_config as _phase
+from terminal_rsi.configs.rpr_phase import get_config as _phase
 
 
 def get_config():

@@ -10,7 +10,7 @@ actions; docs/pipeline.md). Lower harness.max_turns or harness.max_output_tokens
 quicker look.
 """
 
-from configs.evaluate import get_config as _base
+from terminal_rsi.configs.evaluate import get_config as _base
 
 
 def get_config():
