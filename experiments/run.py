@@ -10,15 +10,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from terminal_rsi.experiments.run import (  # noqa: E402
-    QUIET_VERBOSITY,
-    _parse_flags,
-    cli,
-    main,
-    write_config,
-)
-
-__all__ = ["QUIET_VERBOSITY", "_parse_flags", "cli", "main", "write_config"]
+from terminal_rsi.experiments.run import cli  # noqa: E402
 
 if __name__ == "__main__":
     cli()

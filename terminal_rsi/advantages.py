@@ -1,10 +1,12 @@
 """Advantages and returns of a packed rollout batch, their whitening, and the PPO batch.
 
-    batch = prepare_ppo_batch(actor, critic, packed_arrays, estimator="tb_gae",
-                              gamma_turn=1.0, lambda_turn=1.0, next_row=packed.next_row)
+    batch = prepare_ppo_batch(actor, critic, packed_arrays,
+                              estimator=TurnBoundaryGAE(gamma_turn=1.0, lambda_turn=1.0),
+                              next_row=packed.next_row)
 
-`compute_advantages` runs TB-GAE (`credit.tb_gae`, Eq. 8-10) or per-token GAE over the
-trained tokens (`alignment.trained_mask`); TB-GAE treats each row as one interaction chain,
+`compute_advantages` runs an advantage estimator (`credit.ESTIMATORS`: `TurnBoundaryGAE`,
+TB-GAE of Eq. 8-10, or `TokenGAE`, per-token GAE) over the trained tokens
+(`alignment.trained_mask`); TB-GAE treats each row as one interaction chain,
 so pack one trajectory per row, end every packed trajectory with `dones`, or link the rows
 of a split episode with `next_row`. `prepare_ppo_batch` adds what the PPO steps read
 (`ppo_step.ACTOR_KEYS` / `CRITIC_KEYS`): π_old recomputed with the training-side actor, the
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from terminal_rsi.alignment import trained_mask
-from terminal_rsi.credit import empty_carry, gae, tb_gae
+from terminal_rsi.credit import AdvantageEstimator, TurnBoundaryGAE, empty_carry
 from terminal_rsi.forward import make_logprob_fn, make_value_fn
 from terminal_rsi.train_state import TrainState
 
@@ -36,17 +38,17 @@ def _chain_depth(next_row: np.ndarray) -> int:
     return depth
 
 
-def compute_advantages(values: Array, batch: Mapping[str, Array], *, estimator: str = "tb_gae",
-                       gamma_turn: float = 1.0, lambda_turn: float = 1.0,
-                       gamma: float = 1.0, lam: float = 1.0,
+def compute_advantages(values: Array, batch: Mapping[str, Array], *,
+                       estimator: AdvantageEstimator = TurnBoundaryGAE(),
                        next_row: Array | None = None) -> tuple[Array, Array]:
     """(advantages, returns) [B, L] from pre-token values and batch rewards/turn_ids/dones.
 
-    estimator "tb_gae": `credit.tb_gae` with (γ_turn, λ_turn) (Eq. 8-10); "gae": per-token
-    `credit.gae` with (γ, λ) (the documented first phase used γ = λ = 1). Both skip
+    estimator: a `credit.ESTIMATORS` object with its parameters, e.g.
+    `TurnBoundaryGAE(gamma_turn, lambda_turn)` (Eq. 8-10; the default, γ_turn = λ_turn = 1)
+    or `TokenGAE(gamma, lam)` (the documented first phase used γ = λ = 1). Both skip
     observations (positions outside gen_mask) and return 0 there.
     batch: rewards [B, L] float, gen_mask [B, L] bool, dones [B, L] bool, turn_ids [B, L] int
-    (tb_gae only). Without `next_row`, rows are independent chains (see the module docstring).
+    (TB-GAE only). Without `next_row`, rows are independent chains (see the module docstring).
 
     next_row: [B] int (`PackedBatch.next_row`), the row holding the next summarization
     segment of the same episode (-1: none). A row with a successor then continues the
@@ -54,18 +56,14 @@ def compute_advantages(values: Array, batch: Mapping[str, Array], *, estimator: 
     row's `Carry` before position 0, Eq. 12), so a split episode gets the advantages of the
     unsplit one. Chains are resolved by repeated passes (as many as the longest chain).
     """
-    if estimator not in ("tb_gae", "gae"):
-        raise ValueError(f"unknown advantage estimator {estimator!r}; use 'tb_gae' or 'gae'")
     gen = trained_mask(batch["gen_mask"], batch["segment_ids"])
     rewards = jnp.asarray(batch["rewards"], jnp.float32)
     dones = jnp.asarray(batch["dones"], bool)
-    turn_ids = jnp.asarray(batch["turn_ids"]) if estimator == "tb_gae" else None
+    turn_ids = batch.get("turn_ids")
+    turn_ids = None if turn_ids is None else jnp.asarray(turn_ids)
 
     def run(carry):
-        if estimator == "tb_gae":
-            return tb_gae(rewards, values, turn_ids, gen, dones, gamma_turn=gamma_turn,
-                          lambda_turn=lambda_turn, carry=carry)
-        return gae(rewards, values, gen, dones, gamma=gamma, lam=lam, carry=carry)
+        return estimator.estimate(rewards, values, gen, dones, turn_ids=turn_ids, carry=carry)
 
     adv, ret, carry_out = run(None)
     if next_row is not None:
@@ -96,19 +94,20 @@ def whiten_advantages(advantages: Array, gen_mask: Array, segment_ids: Array,
 
 
 def prepare_ppo_batch(actor: TrainState, critic: TrainState, batch: Mapping[str, Array], *,
-                      num_microbatches: int = 1, logprob_fn=None, value_fn=None,
-                      **advantage_kwargs) -> dict:
+                      estimator: AdvantageEstimator = TurnBoundaryGAE(),
+                      next_row: Array | None = None, num_microbatches: int = 1,
+                      logprob_fn=None, value_fn=None) -> dict:
     """Add old_logprobs (recomputed), old_values, advantages, returns to a packed batch.
 
     batch: tokens, positions, segment_ids, gen_mask, rewards, dones (and turn_ids for
-    TB-GAE), all [B, L]. advantage_kwargs go to `compute_advantages` (they may hold
-    next_row, [B]; it is not a batch key). logprob_fn / value_fn: `fn(state, batch) -> [B, L]`
+    TB-GAE), all [B, L]. estimator and next_row ([B], not a batch key): as in
+    `compute_advantages`. logprob_fn / value_fn: `fn(state, batch) -> [B, L]`
     (default: `forward.make_logprob_fn` / `make_value_fn` over `num_microbatches`).
     """
     logprob_fn = logprob_fn or make_logprob_fn(num_microbatches)
     value_fn = value_fn or make_value_fn(num_microbatches)
     old_lp = logprob_fn(actor, batch)
     values = value_fn(critic, batch)
-    adv, ret = compute_advantages(values, batch, **advantage_kwargs)
+    adv, ret = compute_advantages(values, batch, estimator=estimator, next_row=next_row)
     return {**batch, "old_logprobs": old_lp, "old_values": values, "advantages": adv,
             "returns": ret}

@@ -19,8 +19,8 @@ generated (as the packer writes it); the losses use `gen_mask & predictable_mask
 `Aggregation.SAMPLE_MEAN` each (row, segment) is one sample.
 
 `token_logprobs` here is the full [B, L, V] reference from logits; the training path
-(`forward.actor_logprobs`) uses the chunked `terminal_rsi.logprobs.token_logprobs` with the
-same alignment.
+(`forward.actor_logprobs`) uses `terminal_rsi.logprobs.chunked_token_logprobs` (from the
+model's parameters, chunked along the sequence) with the same alignment.
 """
 
 from __future__ import annotations

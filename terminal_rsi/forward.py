@@ -2,7 +2,7 @@
 pre-token values of a packed [B, L] batch, aligned per token (`terminal_rsi.alignment`).
 
 `actor_logprobs` (π_old recomputation and the PPO / SFT losses) uses the chunked
-`terminal_rsi.logprobs.token_logprobs` (at most [B, chunk, V] logits alive, forward and
+`terminal_rsi.logprobs.chunked_token_logprobs` (at most [B, chunk, V] logits alive, forward and
 backward); with the entropy bonus on it computes the full [B, L, V] logits
 (`alignment.token_logprobs`, the entropy needs the full softmax). `make_logprob_fn` /
 `make_value_fn` jit them over `num_microbatches` slices without gradients (the values and
@@ -41,13 +41,13 @@ def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
     sampled at `temperature`: log softmax(logits / T) (the policy π_θ,T that generated the
     rollouts; T = 1 is the paper's setting).
 
-    Without entropy: the chunked `terminal_rsi.logprobs.token_logprobs` (chunk_size None:
+    Without entropy: `terminal_rsi.logprobs.chunked_token_logprobs` (chunk_size None:
     its default, 1024 as in Appendix A). With entropy: full [B, L, V] logits."""
     if not with_entropy:
         chunk = lpm.DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-        return lpm.token_logprobs(params, graphdef, batch["tokens"], batch["positions"],
-                                  batch["segment_ids"], chunk_size=chunk,
-                                  temperature=temperature), None
+        return lpm.chunked_token_logprobs(params, graphdef, batch["tokens"],
+                                          batch["positions"], batch["segment_ids"],
+                                          chunk_size=chunk, temperature=temperature), None
     logits = actor_logits(params, graphdef, batch)
     if temperature != 1.0:
         logits = logits.astype(jnp.float32) / temperature

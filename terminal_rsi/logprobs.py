@@ -4,8 +4,8 @@ This module is the *training* half of the token-in/token-out contract (paper §2
 the π_old recomputation before PPO (§2.4): given the packed [B, L] arrays of a batch it
 recomputes log π(token_j | prefix) with the same parameters the sampler used. The sampler
 itself (`terminal_rsi.sampling`) returns the rollout-side log-probabilities; the mean
-absolute difference of the two on generated tokens is `logprob_gap_metric` (the paper
-reports a train/rollout gap of 4.66e-3 to 4.98e-3, §3.3).
+absolute difference of the two on generated tokens is `logprob_gap` (the paper reports a
+train/rollout gap of 4.66e-3 to 4.98e-3, §3.3).
 
 Memory: the backbone's hidden states [B, L, D] are computed once; the unembedding
 [D, V] is then applied `chunk_size` positions at a time (`lax.map` over chunks, each chunk
@@ -74,11 +74,14 @@ def logprobs_from_hidden(hidden: jax.Array, unembedding: jax.Array, targets: jax
     return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :length]
 
 
-def token_logprobs(params, graphdef: nnx.GraphDef, tokens: jax.Array,
-                   positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                   *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                   temperature: float = 1.0) -> jax.Array:
-    """Per-token log-probabilities of a (packed, padded) batch under a DecoderLM.
+def chunked_token_logprobs(params, graphdef: nnx.GraphDef, tokens: jax.Array,
+                           positions: jax.Array | None = None,
+                           segment_ids: jax.Array | None = None, *,
+                           chunk_size: int = DEFAULT_CHUNK_SIZE,
+                           temperature: float = 1.0) -> jax.Array:
+    """Per-token log-probabilities of a (packed, padded) batch under a DecoderLM, chunked
+    along the sequence (from the model's parameters; `alignment.token_logprobs` is the same
+    quantity from full [B, L, V] logits).
 
     params: pure-dict parameters of a `DecoderLM` with graph `graphdef`.
     tokens, positions, segment_ids: [B, L] int32 in the models' calling convention
@@ -102,15 +105,21 @@ def token_logprobs(params, graphdef: nnx.GraphDef, tokens: jax.Array,
     return jnp.concatenate([jnp.zeros_like(shifted[:, :1]), shifted], axis=1)
 
 
-def logprob_gap_metric(sampler_logprobs: jax.Array, train_logprobs: jax.Array,
-                       mask: jax.Array) -> jax.Array:
-    """Mean absolute train/rollout log-probability gap over masked tokens.
+def logprob_gap(rollout_logprobs: jax.Array, train_logprobs: jax.Array,
+                mask: jax.Array) -> dict[str, jax.Array]:
+    """The train/rollout log-probability gap over masked tokens, d = lp_train - lp_rollout.
 
-    sampler_logprobs, train_logprobs, mask: [B, L] (mask: generated tokens, bool or 0/1).
-    Returns a float32 scalar: Σ mask·|lp_sampler - lp_train| / max(Σ mask, 1)
-    (the paper's "training–inference log-probability gap", 4.66e-3 to 4.98e-3 in §3.3).
+    rollout_logprobs (the sampler's), train_logprobs (recomputed on the packed arrays), mask
+    (generated tokens, bool or 0/1): [B, L] each. Returns float32 scalars:
+    "logprob_gap_mean_abs" Σ mask·|d| / Σ mask (the paper's "training–inference
+    log-probability gap", 4.66e-3 to 4.98e-3 in §3.3), "logprob_gap_max_abs" max |d| and
+    "logprob_gap_mean" Σ mask·d / Σ mask; all 0 without a masked token. Jit-able.
     """
-    chex.assert_equal_shape([sampler_logprobs, train_logprobs, mask])
-    m = mask.astype(jnp.float32)
-    diff = jnp.abs(sampler_logprobs.astype(jnp.float32) - train_logprobs.astype(jnp.float32))
-    return jnp.sum(diff * m) / jnp.maximum(jnp.sum(m), 1.0)
+    chex.assert_equal_shape([rollout_logprobs, train_logprobs, mask])
+    m = jnp.asarray(mask).astype(bool)
+    d = jnp.where(m, jnp.asarray(train_logprobs, jnp.float32)
+                  - jnp.asarray(rollout_logprobs, jnp.float32), 0.0)
+    n = jnp.maximum(jnp.sum(m.astype(jnp.float32)), 1.0)
+    return {"logprob_gap_mean_abs": jnp.sum(jnp.abs(d)) / n,
+            "logprob_gap_max_abs": jnp.max(jnp.abs(d), initial=0.0),
+            "logprob_gap_mean": jnp.sum(d) / n}

@@ -418,17 +418,26 @@ def finalize_value_stats(stats: dict) -> dict:
 
 
 def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
-    """EV = 1 - Var_m(Ĝ - V) / Var_m(Ĝ) over masked positions (two-pass; 0 if Var(Ĝ) = 0)."""
+    """EV = 1 - Var_m(Ĝ - V) / Var_m(Ĝ) over the positions where `mask` is set (§3.3).
+
+    values, returns: float arrays of one shape (pre-token critic values and return targets,
+    e.g. [B, L]); mask: bool of that shape (the trained tokens). A float32 scalar (two-pass
+    variances), NaN where it is undefined: Var_m(Ĝ) <= 1e-12 or an empty mask. Jit-able.
+    The update's streamed EV over microbatches is `finalize_value_stats`.
+    """
     chex.assert_equal_shape([values, returns, mask])
-    m = mask.astype(jnp.float32)
-    n = jnp.sum(m)
+    m = jnp.asarray(mask).astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(m), 1.0)
+    v = jnp.asarray(values, jnp.float32)
+    g = jnp.asarray(returns, jnp.float32)
 
     def var(x):
-        mu = safe_divide(jnp.sum(m * x), n)
-        return safe_divide(jnp.sum(m * (x - mu) ** 2), n)
+        mu = jnp.sum(m * x) / n
+        return jnp.sum(m * (x - mu) ** 2) / n
 
-    vg = var(returns)
-    return jnp.where(vg > 0, 1.0 - safe_divide(var(returns - values), vg), 0.0)
+    vg = var(g)
+    ok = (jnp.sum(m) > 0) & (vg > 1e-12)
+    return jnp.where(ok, 1.0 - var(g - v) / jnp.where(ok, vg, 1.0), jnp.nan)
 
 
 def sft_loss(logprobs: Array, mask: Array,

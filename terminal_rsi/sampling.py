@@ -3,7 +3,7 @@
 Rollouts need the exact sampled token ids and their log-probabilities (paper §2.1, T1's
 Token-In, Token-Out contract); this module produces them. The training-side recomputation
 of the same log-probabilities (chunked along the sequence, §2.4 and Appendix A) lives in
-`terminal_rsi.logprobs` and is re-exported here (`token_logprobs`, `logprob_gap_metric`).
+`terminal_rsi.logprobs` (`chunked_token_logprobs`, and `logprob_gap` between the two).
 
 Usage
 -----
@@ -86,7 +86,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from terminal_rsi.logprobs import logprob_gap_metric, token_logprobs  # noqa: F401 (re-export)
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.lora import merge_adapters
 from terminal_rsi.models.transformer import (
@@ -99,7 +98,7 @@ from terminal_rsi.models.transformer import (
 from terminal_rsi.trainable import has_adapters
 
 __all__ = ["Buckets", "SampleOutput", "Sampler", "SamplerState", "SamplingError", "StopReason",
-           "logprob_gap_metric", "sample_tokens", "sampling_logits", "token_logprobs"]
+           "sample_tokens", "sampling_logits"]
 
 
 class SamplingError(ValueError):

@@ -17,7 +17,6 @@ import dataclasses
 from terminal_rsi.models.config import LORA_TARGETS, lora_targets_error
 from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
 from terminal_rsi.settings import Section, setting
-from terminal_rsi.train_state import DecayingOptimizer, Optimizer  # noqa: F401 (re-exported)
 
 # how an episode's commands reach the sandbox (`agent.HarnessConfig.terminal`) and where its
 # verifier may be made to run (`agent.HarnessConfig.verify_mode`)

@@ -154,9 +154,9 @@ def test_sampler_logprobs_match_training_side():
         samp[i, len(p):len(seq)] = o.logprobs
         np.testing.assert_array_equal(o.logprobs, o.raw_logprobs)  # T = 1, no filtering
     pos = np.broadcast_to(np.arange(width, dtype=np.int32), toks.shape)
-    train = jax.jit(lpm.token_logprobs, static_argnums=1, static_argnames="chunk_size")(
-        PARAMS, GRAPHDEF, toks, pos, seg, chunk_size=8)
-    gap = float(lpm.logprob_gap_metric(samp, train, gen_mask))
+    train = jax.jit(lpm.chunked_token_logprobs, static_argnums=1,
+                    static_argnames="chunk_size")(PARAMS, GRAPHDEF, toks, pos, seg, chunk_size=8)
+    gap = float(lpm.logprob_gap(samp, train, gen_mask)["logprob_gap_mean_abs"])
     want_gap = np.abs(samp - np.asarray(train))[gen_mask].mean()
     np.testing.assert_allclose(gap, want_gap, rtol=1e-5, atol=1e-9)
     assert gap < 1e-4, gap
@@ -337,8 +337,8 @@ class ChunkedLogprobsTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_chunked_matches_numpy_reference(self):
-        fn = self.variant(lambda p, t, pos, s: lpm.token_logprobs(p, GRAPHDEF, t, pos, s,
-                                                                  chunk_size=4))
+        fn = self.variant(lambda p, t, pos, s: lpm.chunked_token_logprobs(
+            p, GRAPHDEF, t, pos, s, chunk_size=4))
         got = fn(PARAMS, self.tokens, self.pos, self.seg)
         want = _np_token_logprobs(self.tokens, self.seg)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -348,8 +348,8 @@ class ChunkedLogprobsTest(chex.TestCase):
         mask = jnp.asarray(self.seg != 0, jnp.float32)
 
         def loss(p, chunk):
-            lp = lpm.token_logprobs(p, GRAPHDEF, self.tokens, self.pos, self.seg,
-                                    chunk_size=chunk)
+            lp = lpm.chunked_token_logprobs(p, GRAPHDEF, self.tokens, self.pos, self.seg,
+                                            chunk_size=chunk)
             return jnp.sum(lp * mask), lp
 
         (v3, lp3), g3 = self.variant(jax.value_and_grad(lambda p: loss(p, 3), has_aux=True))(
@@ -374,11 +374,24 @@ class ChunkedLogprobsTest(chex.TestCase):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_gap_metric(self):
-        a = np.array([[0.0, -1.0, -2.0], [-0.5, -0.25, 0.0]], np.float32)
-        b = np.array([[9.0, -1.5, -2.0], [-0.4, -0.25, 3.0]], np.float32)
+    def test_logprob_gap(self):
+        a = np.array([[0.0, -1.0, -2.0], [-0.5, -0.25, 0.0]], np.float32)  # rollout
+        b = np.array([[9.0, -1.5, -2.0], [-0.4, -0.25, 3.0]], np.float32)  # train
         m = np.array([[0, 1, 1], [1, 1, 0]], bool)
-        got = self.variant(lpm.logprob_gap_metric)(a, b, m)
-        np.testing.assert_allclose(got, (0.5 + 0 + 0.1 + 0) / 4, rtol=1e-6)
-        empty = self.variant(lpm.logprob_gap_metric)(a, b, np.zeros_like(m))
-        assert float(empty) == 0.0
+        got = self.variant(lpm.logprob_gap)(a, b, m)
+        # d = train - rollout on the masked tokens: -0.5, 0, 0.1, 0
+        np.testing.assert_allclose(got["logprob_gap_mean_abs"], (0.5 + 0 + 0.1 + 0) / 4,
+                                   rtol=1e-6)
+        np.testing.assert_allclose(got["logprob_gap_max_abs"], 0.5, rtol=1e-6)
+        np.testing.assert_allclose(got["logprob_gap_mean"], (-0.5 + 0.1) / 4, rtol=1e-5)
+        rng = np.random.default_rng(0)  # against a float64 NumPy reference
+        a, b = rng.normal(size=(2, 3, 7)).astype(np.float32)
+        m = rng.random((3, 7)) < 0.5
+        d = b.astype(np.float64)[m] - a.astype(np.float64)[m]
+        got = self.variant(lpm.logprob_gap)(a, b, m)
+        np.testing.assert_allclose(
+            [got[k] for k in ("logprob_gap_mean_abs", "logprob_gap_max_abs",
+                              "logprob_gap_mean")],
+            [np.abs(d).mean(), np.abs(d).max(), d.mean()], rtol=1e-5, atol=1e-7)
+        empty = self.variant(lpm.logprob_gap)(a, b, np.zeros_like(m))
+        assert all(float(v) == 0.0 for v in empty.values())

@@ -47,7 +47,6 @@ from terminal_rsi.agent.scheduler import (
     RolloutResult,
     RolloutScheduler,
     SchedulerConfig,
-    logprob_gap,
 )
 from terminal_rsi.agent.trajectory import (
     TRAINING_POLICY,
@@ -65,7 +64,7 @@ from terminal_rsi.agent.trajectory import (
 __all__ = [
     "TRAINING_POLICY", "Action", "BatchingPolicy", "Episodes", "RolloutEngine",
     "harness_from_config", "RolloutResult",
-    "RolloutScheduler", "SchedulerConfig", "logprob_gap", "pool_sandbox_factory",
+    "RolloutScheduler", "SchedulerConfig", "pool_sandbox_factory",
     "reference_action", "session_keystrokes", "ActionParseError", "Command", "EpisodeCancelled",
     "GenerationOutput", "GenerationRequest", "HarnessConfig", "PackedBatch", "PackingError",
     "Policy", "ReferencePolicy", "SamplerPolicy", "SamplingSettings", "ScriptedPolicy",

@@ -23,7 +23,7 @@ selection bias toward fast episodes is visible.
 
 Every trajectory (and every turn) records the policy version that generated it; the
 one-batch-ahead mode of RPR runs a `collect` in the background (`engine.RolloutEngine.ahead`)
-while the trainer updates. The train/rollout log-probability gap: `logprob_gap`.
+while the trainer updates. The train/rollout log-probability gap: `logprobs.logprob_gap`.
 """
 
 from __future__ import annotations
@@ -308,15 +308,3 @@ class RolloutScheduler:
             "policy_calls": float(len(batcher.batch_sizes)),
         }
         return st
-
-
-def logprob_gap(rollout_logprobs: np.ndarray, train_logprobs: np.ndarray,
-                gen_mask: np.ndarray) -> dict[str, float]:
-    """Train/rollout log-probability gap over generated positions ([B, L] each): mean and
-    max |train - rollout|, and the mean of (train - rollout)."""
-    m = np.asarray(gen_mask, bool)
-    d = (np.asarray(train_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64))[m]
-    if d.size == 0:
-        return {"logprob_gap_mean_abs": 0.0, "logprob_gap_max_abs": 0.0, "logprob_gap_mean": 0.0}
-    return {"logprob_gap_mean_abs": float(np.abs(d).mean()),
-            "logprob_gap_max_abs": float(np.abs(d).max()), "logprob_gap_mean": float(d.mean())}

@@ -1,5 +1,13 @@
-"""Credit assignment: TB-GAE (paper §2.3) and per-token GAE with observation skipping."""
+"""Credit assignment: TB-GAE (paper §2.3) and per-token GAE with observation skipping, and the
+estimators by name (`ESTIMATORS`: `TurnBoundaryGAE`, `TokenGAE`)."""
 
+from terminal_rsi.credit.estimators import (
+    ESTIMATORS,
+    REWARD_TO_GO,
+    AdvantageEstimator,
+    TokenGAE,
+    TurnBoundaryGAE,
+)
 from terminal_rsi.credit.turn_boundary_gae import (
     Carry,
     bootstrap_carry,
@@ -11,7 +19,12 @@ from terminal_rsi.credit.turn_boundary_gae import (
 )
 
 __all__ = [
+    "ESTIMATORS",
+    "REWARD_TO_GO",
+    "AdvantageEstimator",
     "Carry",
+    "TokenGAE",
+    "TurnBoundaryGAE",
     "bootstrap_carry",
     "empty_carry",
     "gae",

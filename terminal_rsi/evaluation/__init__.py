@@ -1,11 +1,10 @@
 """Evaluation protocol (paper §3.1, §3.3, §3.4): Mean@k and unbiased pass@k, process reward
 versus strict completion, per-family success and FDR/SPR profiles, frozen difficulty strata,
-critic explained variance; the `evaluate` experiment (terminal_rsi.evaluation.evaluate).
-See docs/evaluation.md.
+critic explained variance (`losses.explained_variance`); the `evaluate` experiment
+(terminal_rsi.evaluation.evaluate). See docs/evaluation.md.
 """
 
 from terminal_rsi.evaluation.metrics import (
-    explained_variance,
     mean_at_k,
     pass_at_k,
     pass_at_k_per_task,
@@ -29,7 +28,7 @@ from terminal_rsi.evaluation.summary import mean_of_suites, rescore, summarize_s
 
 __all__ = [
     "PROXIES", "STRATA", "STRATUM_NAMES", "StrataError", "StrataTable", "assign_strata",
-    "difficulty_scores", "explained_variance", "fit_strata", "mean_at_k", "mean_of_suites",
+    "difficulty_scores", "fit_strata", "mean_at_k", "mean_of_suites",
     "pass_at_k", "pass_at_k_per_task", "percentile_ranks", "process_reward",
     "quartile_cutoffs", "rescore", "run_success_rates", "structural_proxies",
     "summarize_suite",

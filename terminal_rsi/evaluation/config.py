@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from terminal_rsi.rewards import REWARD_NAMES
 from terminal_rsi.sections import (
     LAPTOP_HARNESS,
     InitWeights,
@@ -58,7 +59,7 @@ class EvalRuns(Section):
     divisors_path: str | None = setting(None, "FamilyDivisors JSON for FDR/SPR (None: "
                                         "defaults)")
     reward_fn: str = setting("fdr", "reward of the episodes (critic EV targets)",
-                             choices=("fdr", "spr", "binary"))
+                             choices=REWARD_NAMES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,18 +55,13 @@ from terminal_rsi.agent.engine import RolloutEngine, sampler_buckets
 from terminal_rsi.alignment import trained_mask
 from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.checkpoint import import_weights
+from terminal_rsi.credit import REWARD_TO_GO
 from terminal_rsi.evaluation.config import EvalConfig
-from terminal_rsi.evaluation.metrics import explained_variance
 from terminal_rsi.evaluation.strata import StrataTable, fit_strata
 from terminal_rsi.evaluation.summary import summarize_suite
 from terminal_rsi.forward import critic_values
-from terminal_rsi.models.loading import (  # noqa: F401  (re-exported for callers)
-    MODEL_FIELDS,
-    LoadedModel,
-    load_model,
-    model_config,
-    smollm2_gguf_path,
-)
+from terminal_rsi.losses import explained_variance
+from terminal_rsi.models.loading import LoadedModel, load_model
 from terminal_rsi.models.transformer import ValueModel
 from terminal_rsi.progress import echo
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
@@ -151,8 +146,9 @@ def _divisors(config):
 
 def critic_explained_variance(critic_graphdef, critic_params, trajectories, buckets,
                               rows_per_call: int = 16) -> float | None:
-    """EV of the critic on finished episodes: pre-token values vs TB-GAE returns with
-    γ_turn = λ_turn = 1 (the episode's reward-to-go) over generated tokens."""
+    """EV of the critic on finished episodes: pre-token values vs the returns of
+    `credit.REWARD_TO_GO` (TB-GAE with γ_turn = λ_turn = 1: the episode's reward-to-go) over
+    generated tokens."""
     trajs = [t for t in trajectories if t.num_generated > 0
              and t.training_policy.value != "drop"]
     if not trajs:
@@ -165,8 +161,7 @@ def critic_explained_variance(critic_graphdef, critic_params, trajectories, buck
         batch = {k: jnp.asarray(getattr(packed, k)) for k in (
             "tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones", "turn_ids")}
         values = value_fn(critic_params, batch)
-        _, ret = compute_advantages(values, batch, estimator="tb_gae", gamma_turn=1.0,
-                                    lambda_turn=1.0)
+        _, ret = compute_advantages(values, batch, estimator=REWARD_TO_GO)
         mask = np.asarray(trained_mask(batch["gen_mask"], batch["segment_ids"]))
         vs.append(np.asarray(values)[mask])
         rs.append(np.asarray(ret)[mask])

@@ -8,7 +8,7 @@
 - process reward: the fraction of a report's checks that passed, P / N (falls back to strict
   success S when the report has no checks), versus strict completion S.
 - explained variance of the critic: EV = 1 - Var(G - V) / Var(G) over generated tokens (§3.3;
-  distinct from squared correlation).
+  distinct from squared correlation) is `terminal_rsi.losses.explained_variance`.
 
 Attempts that produced no verdict (dropped episodes, runner errors) count as failures
 ("existing attempts without rewards count as failures", §3.4): callers fill them with 0.
@@ -65,24 +65,3 @@ def process_reward(passed: chex.Array, total: chex.Array, success: chex.Array) -
     p = jnp.asarray(passed, jnp.float32)
     t = jnp.asarray(total, jnp.float32)
     return jnp.where(t > 0, p / jnp.maximum(t, 1.0), jnp.asarray(success, jnp.float32))
-
-
-def explained_variance(values: chex.Array, returns: chex.Array, mask: chex.Array) -> chex.Array:
-    """EV = 1 - Var(G - V) / Var(G) over the positions where `mask` is set (§3.3).
-
-    values, returns: [B, L] float (pre-token critic values and return targets); mask: [B, L]
-    bool (generated tokens). Returns a scalar float32, NaN if Var(G) = 0 or the mask is empty.
-    """
-    chex.assert_equal_shape([values, returns, mask])
-    m = jnp.asarray(mask, jnp.float32)
-    cnt = jnp.sum(m)
-    v = jnp.asarray(values, jnp.float32)
-    g = jnp.asarray(returns, jnp.float32)
-
-    def var(x):
-        mu = jnp.sum(x * m) / jnp.maximum(cnt, 1.0)
-        return jnp.sum(((x - mu) ** 2) * m) / jnp.maximum(cnt, 1.0)
-
-    vg = var(g)
-    ok = (cnt > 0) & (vg > 1e-12)
-    return jnp.where(ok, 1.0 - var(g - v) / jnp.where(ok, vg, 1.0), jnp.nan)

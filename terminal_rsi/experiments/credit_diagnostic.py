@@ -64,15 +64,16 @@ CONFIG = CreditDiagnosticConfig
 
 def run(config: CreditDiagnosticConfig, workdir: str) -> dict:
     """Measure every (method, seed), print the table, write `credit_diagnostic.json`."""
-    chain = {k: getattr(config, k) for k in (
-        "num_generated", "num_turns", "num_observations", "split_at", "gamma_turn",
-        "lambda_turn", "terminal_reward")}
     rows = []
     with jax.enable_x64(config.dtype == "float64"):
         dtype = np.float64 if config.dtype == "float64" else np.float32
         for method in config.methods:
             for seed in config.seeds:
-                rows.append(check_seed(seed, method=method, dtype=dtype, **chain))
+                rows.append(check_seed(
+                    seed, method=method, dtype=dtype, num_generated=config.num_generated,
+                    num_turns=config.num_turns, num_observations=config.num_observations,
+                    split_at=config.split_at, gamma_turn=config.gamma_turn,
+                    lambda_turn=config.lambda_turn, terminal_reward=config.terminal_reward))
     artifact = {"config": {"experiment": "credit_diagnostic", **dataclasses.asdict(config)},
                 "rows": rows, "mean_over_seeds": mean_over_seeds(rows, config.methods)}
     path = os.path.join(workdir, "credit_diagnostic.json")

@@ -21,6 +21,7 @@ import numpy as np
 from terminal_rsi.atomic import atomic_write_bytes, atomic_write_json
 from terminal_rsi.rewards import (
     DEFAULT_HYGIENE,
+    REWARD_NAMES,
     FamilyDivisors,
     HygieneRule,
     RecalibrationRules,
@@ -41,7 +42,7 @@ class Rules(Section):
     """Appendix B recalibration rules, in priority order (`rewards.RecalibrationRules`)."""
 
     reward: str = setting("fdr", "reward judging high/low reward (old divisors)",
-                          choices=("fdr", "spr", "binary"))
+                          choices=REWARD_NAMES)
     high_reward_failure_threshold: float = setting(1.0, "a failure scoring >= this is "
                                                    "high-reward")
     min_high_reward_failures: int = setting(1, "high-reward failures needed for rule 1", lo=1)

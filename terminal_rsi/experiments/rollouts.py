@@ -23,7 +23,7 @@ from terminal_rsi.models.config import get_model_config
 from terminal_rsi.models.loading import LoadedModel
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
-from terminal_rsi.rewards import EpisodeScorer
+from terminal_rsi.rewards import REWARD_NAMES, EpisodeScorer
 from terminal_rsi.sections import BatchedRollout, Harness, Seeded, Tasks
 from terminal_rsi.settings import Section, setting
 from terminal_rsi.tasks import get_suite
@@ -49,7 +49,7 @@ class RolloutsHarness(Harness):
 
     name: str = setting("json-linear", "harness variant name recorded in trajectories "
                         "(HarnessConfig.name)")
-    reward_fn: str = setting("fdr", "reward function", choices=("binary", "fdr", "spr"))
+    reward_fn: str = setting("fdr", "reward function", choices=REWARD_NAMES)
 
 
 @dataclasses.dataclass(frozen=True)

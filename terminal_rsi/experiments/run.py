@@ -122,7 +122,7 @@ def with_packaged_config(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str]) -> list[str]:
     """Parse flags; turn flag and config-file errors into one line instead of a traceback."""
     try:
         rest = flags.FLAGS(with_packaged_config(argv))
@@ -153,7 +153,7 @@ def _console_defaults() -> None:
 
 def cli() -> None:
     """The console script `terminal-rsi` (setup.py) and `python -m` this module."""
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

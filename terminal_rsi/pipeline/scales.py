@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT
 from terminal_rsi.configuration import ConfigError
+from terminal_rsi.tasks.builtin import HELDOUT_FAMILIES
 
 # the tiny default's families and harness follow configs/base_sft.py (branch rsr): single-turn
 # built-ins a small byte-level model can learn, plus hint_lookup (read, then act)
 TINY_FAMILIES = ("create_file", "edit_replace", "count_lines", "sort_uniq", "find_tree",
                  "csv_filter", "permissions", "batch_rename", "log_pipeline", "hint_lookup")
-HELDOUT_FAMILIES = ("column_sum", "archive", "dir_hunt")
 TINY_DIMS = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32,
              "d_ff": 384, "max_seq_len": 2048}
 # temperature 0.6 (the evaluation temperature) for every rollout: at 1.0 most samples of the

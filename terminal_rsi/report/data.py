@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from terminal_rsi.agent.harness import safe_decode
-from terminal_rsi.models import loading
+from terminal_rsi.models import loading, source
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
 from terminal_rsi.pipeline.ledger import eval_k, mean_at_k, number, pass_at_k, stage_walls
 from terminal_rsi.rewards.ctrf import ReportError, VerificationReport
 from terminal_rsi.rewards.divisors import DivisorError, FamilyDivisors
-from terminal_rsi.rewards.functions import fdr, spr
+from terminal_rsi.rewards.functions import REWARD_NAMES, REWARDS
 
 CREDIT_KEYS = ("row_episode", "row_segment", "tokens", "gen_mask", "turn_ids", "values",
                "advantages", "returns", "rewards", "dones")
@@ -156,7 +156,7 @@ def load_tokenizer(preset: str | None, config: dict | None = None):
     gguf, hf = model_source(config)
     if gguf or hf:
         try:
-            kind, path = loading.pretrained_source({"model": {"gguf": gguf, "hf": hf}})
+            kind, path = source.pretrained_source({"model": {"gguf": gguf, "hf": hf}})
             tok, _ = loading.source_tokenizer_and_shape(kind, path)
             return tok, f"HFTokenizer({os.path.basename(path)})"
         except Exception:  # noqa: BLE001 - a missing package or file: try the others
@@ -353,15 +353,15 @@ def divisors_for(stage_config: dict | None, bases: Sequence[os.PathLike | str] =
 
 
 def episode_rewards(traj, divisors) -> dict[str, float | None]:
-    """FDR (Eq. 6), SPR (Eq. 7) and binary reward of an episode's verification report."""
+    """Every reward of `rewards.REWARDS` (FDR, Eq. 6; SPR, Eq. 7; binary) of an episode's
+    verification report, by name (all None without a readable report)."""
     if not traj.report:
-        return {"fdr": None, "spr": None, "binary": None}
+        return dict.fromkeys(REWARD_NAMES)
     try:
         rep = VerificationReport.from_dict(traj.report)
     except ReportError:
-        return {"fdr": None, "spr": None, "binary": None}
-    return {"fdr": _num(fdr(rep, traj.family, divisors)),
-            "spr": _num(spr(rep, traj.family, divisors)), "binary": float(rep.S)}
+        return dict.fromkeys(REWARD_NAMES)
+    return {name: _num(r.scalar(rep, traj.family, divisors)) for name, r in REWARDS.items()}
 
 
 def _mean(xs: list) -> float | None:

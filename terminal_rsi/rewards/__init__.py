@@ -2,7 +2,8 @@
 
 CTRF report → `VerificationReport` (`parse_ctrf`), frozen family divisor tables
 (`FamilyDivisors`, `calibrate_family_divisors`, `recalibrate`), and the reward
-functions FDR (Eq. 6) and SPR (Eq. 7) in scalar and vectorized (jit-able) form;
+functions FDR (Eq. 6) and SPR (Eq. 7) in scalar and vectorized (jit-able) form, by name in
+`REWARDS` (every reward setting's choices: `REWARD_NAMES`);
 `EpisodeScorer`: a stage's reward of finished episodes (the harness does not score).
 Offline rescoring: `terminal_rsi.rewards.rescore` (experiment "rescore":
 `terminal_rsi.experiments.rescore`).
@@ -34,12 +35,15 @@ from terminal_rsi.rewards.divisors import (
     rule_counts,
 )
 from terminal_rsi.rewards.functions import (
-    REWARD_FNS,
+    REWARD_NAMES,
+    REWARDS,
+    Reward,
     RewardInputError,
     binary,
     fdr,
     fdr_array,
     fdr_value,
+    get_reward,
     get_reward_array_fn,
     get_reward_fn,
     report_arrays,
@@ -63,9 +67,11 @@ __all__ = [
     "FamilyDivisors",
     "HygieneRule",
     "Provenance",
-    "REWARD_FNS",
+    "REWARDS",
+    "REWARD_NAMES",
     "RecalibrationRules",
     "ReportError",
+    "Reward",
     "RewardInputError",
     "RuleDecision",
     "VerificationReport",
@@ -74,6 +80,7 @@ __all__ = [
     "fdr",
     "fdr_array",
     "fdr_value",
+    "get_reward",
     "get_reward_array_fn",
     "get_reward_fn",
     "load_episodes",

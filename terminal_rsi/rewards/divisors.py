@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.rewards.functions import get_reward_fn
+from terminal_rsi.rewards.functions import REWARD_NAMES, get_reward_fn
 
 DEFAULT_FALLBACK = 82.0
 _FORMAT_TAG = "terminal_rsi.FamilyDivisors/1"
@@ -304,9 +304,9 @@ class RecalibrationRules:
     min_new_family_reports: int = 1
 
     def __post_init__(self):
-        if self.reward not in ("fdr", "spr", "binary"):
+        if self.reward not in REWARD_NAMES:
             raise DivisorError(f"RecalibrationRules.reward = {self.reward!r}; expected one of "
-                               "'fdr', 'spr', 'binary'")
+                               f"{', '.join(map(repr, REWARD_NAMES))}")
         for name in ("failure_factor", "long_factor"):
             v = getattr(self, name)
             if not math.isfinite(v) or v <= 0:

@@ -2,7 +2,8 @@
 
 Scalar forms take a `VerificationReport`, the episode's family and a divisor table
 (`FamilyDivisors`, or anything with `.get(family) -> D_f`: `DivisorTable`); vectorized
-forms take arrays and run under `jit`:
+forms take arrays and run under `jit`. `REWARDS` is the table of both by name; every reward
+setting's choices are its `REWARD_NAMES`, and code looks a reward up with `get_reward`:
 
     R_FDR = max(P / D_f, 0)          if the report is valid, else S      (Eq. 6)
     R_SPR = S + P / (P + D'_f)       if the report is valid, else S      (Eq. 7)
@@ -16,6 +17,7 @@ every failure scores < 1 <= every success and 0 <= R_SPR < 2 hold exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -101,15 +103,6 @@ def spr(report: VerificationReport, family: str, divisors: DivisorTable) -> floa
 
 
 RewardFn = Callable[[VerificationReport, str, DivisorTable], float]
-REWARD_FNS: dict[str, RewardFn] = {"binary": binary, "fdr": fdr, "spr": spr}
-
-
-def get_reward_fn(name: str) -> RewardFn:
-    """The scalar reward function called `name` ("binary", "fdr", "spr")."""
-    if name not in REWARD_FNS:
-        raise SettingError(f"unknown reward function {name!r}; choose one of "
-                          f"{', '.join(sorted(REWARD_FNS))}")
-    return REWARD_FNS[name]
 
 
 # --------------------------------------------------------------------------- vectorized
@@ -177,17 +170,46 @@ def binary_array(p: chex.Array, d: chex.Array, valid: chex.Array, s: chex.Array)
     return s
 
 
-ARRAY_REWARD_FNS: dict[str, Callable[..., Any]] = {
-    "binary": binary_array, "fdr": fdr_array, "spr": spr_array,
-}
+# --------------------------------------------------------------------------- the table
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """One reward function by name: its scalar form (report, family, divisor table -> float)
+    and its vectorized form ((P, D, valid, S) arrays [B] -> [B], jit-able)."""
+
+    name: str
+    scalar: RewardFn
+    array: Callable[..., Any]
+    doc: str
+
+
+# the reward functions by name, the one list every `rewards.fn` / `reward_fn` setting's
+# choices come from (in the order the configs list them)
+REWARDS: dict[str, Reward] = {r.name: r for r in (
+    Reward("fdr", fdr, fdr_array, "Family Dense Reward, max(P / D_f, 0) (Eq. 6)"),
+    Reward("spr", spr, spr_array, "Success-Prioritized Reward, S + P / (P + D'_f) (Eq. 7)"),
+    Reward("binary", binary, binary_array, "strict terminal success S"),
+)}
+REWARD_NAMES: tuple[str, ...] = tuple(REWARDS)
+
+
+def get_reward(name: str) -> Reward:
+    """The reward called `name` (one of `REWARD_NAMES`); SettingError naming the choices."""
+    if name not in REWARDS:
+        raise SettingError(f"unknown reward function {name!r}; choose one of "
+                          f"{', '.join(sorted(REWARDS))}")
+    return REWARDS[name]
+
+
+def get_reward_fn(name: str) -> RewardFn:
+    """The scalar reward function called `name` (`REWARD_NAMES`)."""
+    return get_reward(name).scalar
 
 
 def get_reward_array_fn(name: str) -> Callable[..., Any]:
-    """The vectorized reward function called `name` ("binary", "fdr", "spr")."""
-    if name not in ARRAY_REWARD_FNS:
-        raise SettingError(f"unknown reward function {name!r}; choose one of "
-                          f"{', '.join(sorted(ARRAY_REWARD_FNS))}")
-    return ARRAY_REWARD_FNS[name]
+    """The vectorized reward function called `name` (`REWARD_NAMES`)."""
+    return get_reward(name).array
 
 
 def report_arrays(

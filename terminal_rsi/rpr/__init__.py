@@ -5,6 +5,7 @@ docs/rpr.md.
 """
 
 from terminal_rsi.rpr.config import PhaseConfig
-from terminal_rsi.rpr.phase import PhaseError, PhaseResult, run, run_phase
+from terminal_rsi.rpr.phase import PhaseResult, run, run_phase
+from terminal_rsi.rpr.steps import PhaseError
 
 __all__ = ["PhaseConfig", "PhaseError", "PhaseResult", "run", "run_phase"]

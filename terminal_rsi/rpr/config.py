@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from terminal_rsi.credit import ESTIMATORS, AdvantageEstimator
 from terminal_rsi.losses import PPOConfig, PPOLoss
+from terminal_rsi.rewards import REWARD_NAMES
 from terminal_rsi.sections import (
     LAPTOP_HARNESS,
     BatchedRollout,
@@ -21,22 +23,20 @@ from terminal_rsi.sections import (
     InitWeights,
     Mesh,
     ModelSource,
-    Optimizer,
     Seeded,
     SplitTasks,
 )
 from terminal_rsi.settings import Section, setting
+from terminal_rsi.train_state import Optimizer
 
 MODES = ("phase", "warmup_critic")
-REWARD_FNS = ("fdr", "spr", "binary")
-ESTIMATORS = ("tb_gae", "gae")
 CURRICULA = ("cyclic", "reward_variance")
 CORRECTIONS = ("auto", "none", "tis", "mask", "tis_mask")
 
 
 @dataclasses.dataclass(frozen=True)
 class Rewards(Section):
-    fn: str = setting("fdr", "frozen reward function of the phase", choices=REWARD_FNS)
+    fn: str = setting("fdr", "frozen reward function of the phase", choices=REWARD_NAMES)
     divisors_path: str | None = setting(None, "FamilyDivisors JSON (None: defaults, "
                                         "fallback 82)")
 
@@ -59,20 +59,20 @@ class PhaseRollout(BatchedRollout):
 
 @dataclasses.dataclass(frozen=True)
 class Advantage(Section):
-    """The advantage estimator: TB-GAE over turns (§2.3) or per-token GAE."""
+    """The advantage estimator (`credit.ESTIMATORS`): TB-GAE over turns (§2.3,
+    `TurnBoundaryGAE(gamma_turn, lambda_turn)`) or per-token GAE (`TokenGAE(gamma, lam)`);
+    `build()` is the estimator object the phase computes advantages with."""
 
-    estimator: str = setting("tb_gae", "tb_gae | gae", choices=ESTIMATORS)
+    estimator: str = setting("tb_gae", " | ".join(ESTIMATORS), choices=tuple(ESTIMATORS))
     gamma_turn: float = setting(1.0, "TB-GAE γ_turn", lo=0.0, hi=1.0)
     lambda_turn: float = setting(1.0, "TB-GAE λ_turn", lo=0.0, hi=1.0)
     gamma: float = setting(1.0, "GAE γ", lo=0.0, hi=1.0)
     lam: float = setting(1.0, "GAE λ", lo=0.0, hi=1.0)
 
-    def kwargs(self) -> dict:
-        """Keyword arguments of `compute_advantages` for this estimator."""
-        if self.estimator == "tb_gae":
-            return {"estimator": "tb_gae", "gamma_turn": self.gamma_turn,
-                    "lambda_turn": self.lambda_turn}
-        return {"estimator": "gae", "gamma": self.gamma, "lam": self.lam}
+    def build(self) -> AdvantageEstimator:
+        """The estimator named by `estimator`, with its parameters from this section (e.g.
+        `TurnBoundaryGAE(gamma_turn=self.gamma_turn, lambda_turn=self.lambda_turn)`)."""
+        return ESTIMATORS[self.estimator].from_section(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,12 +90,7 @@ from terminal_rsi.checkpoint import (
 )
 from terminal_rsi.forward import make_logprob_fn, make_value_fn
 from terminal_rsi.losses import PPOConfig
-from terminal_rsi.models.loading import (  # noqa: F401 (re-exported)
-    import_params,
-    initial_actor_params,
-    load_model,
-    model_config,
-)
+from terminal_rsi.models.loading import import_params, initial_actor_params, load_model
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
 from terminal_rsi.ppo_step import make_actor_step, make_critic_step
 from terminal_rsi.progress import echo, progress
@@ -103,12 +98,10 @@ from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
 from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.config import PhaseConfig
 from terminal_rsi.rpr.curriculum import Curriculum
-from terminal_rsi.rpr.steps import (  # noqa: F401  (PhaseError: re-exported)
+from terminal_rsi.rpr.steps import (
     Phase,
-    PhaseError,
     PhaseState,
     UpdateFns,
-    advantage_kwargs,
     config_tasks,
     restore_ahead,
     run_step,
@@ -244,7 +237,7 @@ def _setup(config, workdir: str) -> tuple[Phase, PhaseState]:
         divisors=divisors,
         # π_ref of the KL penalty: the phase's input actor (also after a resume)
         ref_actor=jax.tree.map(jnp.copy, actor) if pcfg.kl_coef > 0 else None,
-        advantage_kwargs=advantage_kwargs(config.advantage),
+        estimator=config.advantage.build(),
         traj_dir=os.path.join(workdir, "trajectories"),
         checkpointer=RunCheckpointer(os.path.join(workdir, "checkpoints"),
                                      max_to_keep=config.checkpoint.max_to_keep))

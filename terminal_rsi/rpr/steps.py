@@ -43,10 +43,12 @@ from terminal_rsi.agent import (
     malformed_mask,
     pack_trajectories,
 )
-from terminal_rsi.agent.scheduler import logprob_gap
 from terminal_rsi.agent.trajectory import gather_trajectories, read_shard, write_shard
 from terminal_rsi.alignment import trained_mask
 from terminal_rsi.checkpoint import RunCheckpointer
+from terminal_rsi.credit import AdvantageEstimator
+from terminal_rsi.logprobs import logprob_gap
+from terminal_rsi.losses import explained_variance
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
 from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.curriculum import Curriculum
@@ -94,7 +96,7 @@ class Phase:
     curriculum: Curriculum
     divisors: FamilyDivisors
     ref_actor: TrainState | None  # π_ref of the KL penalty (None: no penalty)
-    advantage_kwargs: dict
+    estimator: AdvantageEstimator  # `advantage.build()`: the estimator and its parameters
     traj_dir: str
     checkpointer: RunCheckpointer
     eval_tasks: list | None = None
@@ -135,14 +137,6 @@ class UpdateBatch:
     advantage_means: dict  # `advantage_means` before whitening
 
 
-def advantage_kwargs(advantage) -> dict:
-    """`compute_advantages` keywords of the `advantage` config section."""
-    if advantage.estimator == "tb_gae":
-        return {"estimator": "tb_gae", "gamma_turn": advantage.gamma_turn,
-                "lambda_turn": advantage.lambda_turn}
-    return {"estimator": "gae", "gamma": advantage.gamma, "lam": advantage.lam}
-
-
 def finite(x) -> float | None:
     """float(x), or None when it is not finite (JSON has no NaN)."""
     x = float(x)
@@ -155,14 +149,6 @@ def mean_metrics(ms: list[dict], prefix: str) -> dict:
         return {}
     keys = ms[0].keys()
     return {f"{prefix}/{k}": finite(np.mean([float(m[k]) for m in ms])) for k in keys}
-
-
-def explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None:
-    """1 - Var[G - V] / Var[G] over the batch's generated tokens (None if Var[G] = 0)."""
-    var = float(np.var(returns)) if returns.size else 0.0
-    if var <= 1e-12:
-        return None
-    return float(1.0 - np.var(returns - values) / var)
 
 
 def advantage_means(advantages, trained: np.ndarray,
@@ -302,7 +288,7 @@ def restore_ahead(phase: Phase, step: int, extra: dict) -> None:
 
 def make_batch(phase: Phase, state: PhaseState, trajectories: list) -> UpdateBatch:
     """Pack the episodes; π_old (and π_ref) and the pre-token values, each row group at its
-    own width; advantages (`phase.advantage_kwargs`); the policy mask of `ppo.mask_malformed`
+    own width; advantages (`phase.estimator`); the policy mask of `ppo.mask_malformed`
     and the whitening of `ppo.normalize_advantages`."""
     p, fns = phase.config.ppo, phase.fns
     packed = pack_trajectories(trajectories, buckets=phase.pack_buckets)
@@ -319,7 +305,7 @@ def make_batch(phase: Phase, state: PhaseState, trajectories: list) -> UpdateBat
     batch = prepare_ppo_batch(state.actor, state.critic, batch,
                               num_microbatches=p.num_microbatches, logprob_fn=logprobs,
                               value_fn=grouped_forward(fns.values, groups, widths),
-                              next_row=packed.next_row, **phase.advantage_kwargs)
+                              estimator=phase.estimator, next_row=packed.next_row)
     # π_behav of the behaviour correction: the sampler's log-probs, token-in/token-out
     batch["behavior_logprobs"] = packed.logprobs
     if phase.ref_actor is not None:
@@ -368,9 +354,10 @@ def batch_metrics(phase: Phase, state: PhaseState, ub: UpdateBatch) -> dict:
         "policy_lag_mean": float(np.mean(lag)) if lag.size else 0.0,
         "policy_lag_max": int(np.max(lag)) if lag.size else 0,
         **hist,
-        "value_ev_pre_update": explained_variance(np.asarray(batch["old_values"])[trained],
-                                                  np.asarray(batch["returns"])[trained]),
-        **logprob_gap(packed.logprobs, np.asarray(batch["old_logprobs"]), packed.gen_mask),
+        "value_ev_pre_update": finite(explained_variance(batch["old_values"], batch["returns"],
+                                                         trained)),
+        **{k: float(v) for k, v in logprob_gap(packed.logprobs, batch["old_logprobs"],
+                                               packed.gen_mask).items()},
     }
 
 

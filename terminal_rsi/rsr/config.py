@@ -12,7 +12,6 @@ import dataclasses
 from terminal_rsi.sections import (
     LAPTOP_HARNESS,
     Candidates,
-    DecayingOptimizer,
     Harness,
     InitWeights,
     ModelSource,
@@ -22,6 +21,7 @@ from terminal_rsi.sections import (
     TrainTasks,
 )
 from terminal_rsi.settings import Section, setting
+from terminal_rsi.train_state import DecayingOptimizer
 
 AGGREGATIONS = ("sequence_sum", "token_mean", "sample_mean")
 

@@ -18,8 +18,8 @@ from terminal_rsi.agent.scheduler import (
     BatchingPolicy,
     RolloutScheduler,
     SchedulerConfig,
-    logprob_gap,
 )
+from terminal_rsi.logprobs import chunked_token_logprobs, logprob_gap
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
@@ -133,13 +133,6 @@ def test_batching_policy_propagates_errors():
         bp.close()
 
 
-def test_logprob_gap():
-    mask = np.array([[True, False, True]])
-    g = logprob_gap(np.array([[-1.0, 5.0, -2.0]]), np.array([[-1.5, 0.0, -1.0]]), mask)
-    assert g == {"logprob_gap_mean_abs": 0.75, "logprob_gap_max_abs": 1.0,
-                 "logprob_gap_mean": 0.25}
-
-
 def test_tiny_model_episodes_are_well_formed():
     cfg = ModelConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=1, n_heads=2,
                       n_kv_heads=1, head_dim=16, d_ff=64, max_seq_len=2048)
@@ -167,10 +160,8 @@ def test_tiny_model_episodes_are_well_formed():
     assert batch.tokens.shape[1] % 1024 == 0
     # token-in/token-out end to end: the packed rollout logprobs equal the training-side
     # recomputation on the packed arrays (positions and masks line up)
-    from terminal_rsi.logprobs import token_logprobs
-
-    train_lp = token_logprobs(nnx.to_pure_dict(state), graphdef, batch.tokens, batch.positions,
-                              batch.segment_ids)
+    train_lp = chunked_token_logprobs(nnx.to_pure_dict(state), graphdef, batch.tokens,
+                                      batch.positions, batch.segment_ids)
     gap = logprob_gap(batch.logprobs, np.asarray(train_lp), batch.gen_mask)
     assert gap["logprob_gap_max_abs"] < 2e-3, gap
     np.testing.assert_allclose(

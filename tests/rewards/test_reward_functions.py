@@ -14,11 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from terminal_rsi.rewards import (
+    REWARD_NAMES,
+    REWARDS,
     FamilyDivisors,
+    RecalibrationRules,
     RewardInputError,
     VerificationReport,
     binary,
     fdr,
+    fdr_array,
     fdr_value,
     get_reward_array_fn,
     get_reward_fn,
@@ -28,6 +32,7 @@ from terminal_rsi.rewards import (
     spr_progress,
     spr_value,
 )
+from terminal_rsi.rewards.functions import binary_array
 from terminal_rsi.settings import SettingError
 
 TABLE = FamilyDivisors({"git": 10.0, "build": 4.0})
@@ -63,6 +68,27 @@ def test_registry():
         get_reward_fn("dense")
     with pytest.raises(SettingError):
         get_reward_array_fn("dense")
+
+
+def test_every_reward_choice_comes_from_the_table():
+    """`REWARDS` is the one list of reward names: the settings that pick a reward offer
+    exactly its names, and each entry pairs the scalar and vectorized forms."""
+    from terminal_rsi.evaluation.config import EvalRuns
+    from terminal_rsi.experiments.rescore import Rules
+    from terminal_rsi.experiments.rollouts import RolloutsHarness
+    from terminal_rsi.rpr.config import Rewards
+    from terminal_rsi.settings import specs
+
+    assert REWARD_NAMES == tuple(REWARDS) == ("fdr", "spr", "binary")
+    assert [(r.scalar, r.array) for r in REWARDS.values()] == [
+        (fdr, fdr_array), (spr, spr_array), (binary, binary_array)]
+    for section, field in ((Rewards, "fn"), (EvalRuns, "reward_fn"), (Rules, "reward"),
+                           (RolloutsHarness, "reward_fn")):
+        assert tuple(specs(section)[field].choices) == REWARD_NAMES, section
+    for name in REWARD_NAMES:
+        assert RecalibrationRules(reward=name).reward == name
+    with pytest.raises(ValueError, match="'fdr', 'spr', 'binary'"):
+        RecalibrationRules(reward="dense")
 
 
 @pytest.mark.parametrize("p", [1e300, 1e308, 1.7976931348623157e308, 10**300])

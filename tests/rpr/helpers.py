@@ -85,8 +85,10 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
     from terminal_rsi.checkpoint import export_weights
     from terminal_rsi.forward import actor_logprobs
     from terminal_rsi.losses import Aggregation, sft_loss
+    from terminal_rsi.models.loading import model_config
     from terminal_rsi.models.tokenizer import ByteTokenizer
-    from terminal_rsi.rpr.phase import config_tasks, initial_states, model_config
+    from terminal_rsi.rpr.phase import initial_states
+    from terminal_rsi.rpr.steps import config_tasks
     from terminal_rsi.sampling import Buckets
     from terminal_rsi.tasks import open_task_sandbox
     from terminal_rsi.train_state import make_update_step

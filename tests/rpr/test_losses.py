@@ -141,13 +141,19 @@ class LossTest(parameterized.TestCase):
         np.testing.assert_allclose(stats["value_clip_frac"], 2 / 3)
         np.testing.assert_allclose(stats["explained_variance"], 0.0)  # Var(Ĝ) = 0
 
+    @chex.variants(with_jit=True, without_jit=True)
     def test_explained_variance_matches_numpy(self):
         rng = np.random.default_rng(2)
         g = rng.normal(1, 2, (3, 9)).astype(np.float32)
         v = (g + rng.normal(0, 1, g.shape)).astype(np.float32)
         m = rng.random(g.shape) < 0.7
-        want = 1 - np.var((g - v)[m]) / np.var(g[m])
-        np.testing.assert_allclose(explained_variance(v, g, m), want, rtol=1e-4)
+        want = 1 - np.var((g - v)[m].astype(np.float64)) / np.var(g[m].astype(np.float64))
+        ev = self.variant(explained_variance)
+        np.testing.assert_allclose(ev(v, g, m), want, rtol=1e-4)
+        # a perfect critic has EV 1; constant returns or an empty mask have none (NaN)
+        np.testing.assert_allclose(ev(g, g, m), 1.0, atol=1e-6)
+        assert np.isnan(ev(v, np.ones_like(g), m))
+        assert np.isnan(ev(v, g, np.zeros_like(m)))
         cfg = PPOConfig()
         stats = finalize_value_stats(clipped_value_loss(v, v, g, m, cfg).stats)
         np.testing.assert_allclose(stats["explained_variance"], want, rtol=1e-4)

@@ -51,7 +51,8 @@ def runs(tmp_path_factory):
     def on_step(step, actor, critic, row):
         first[step] = (to_numpy(actor.params), to_numpy(critic.params), row)
 
-    from terminal_rsi.rpr.phase import initial_states, model_config
+    from terminal_rsi.models.loading import model_config
+    from terminal_rsi.rpr.phase import initial_states
 
     init_actor = to_numpy(initial_states(config, model_config(config))[0].params)
     a = run_phase(typed(config), workdir, stop_after=2, on_step=on_step)
@@ -122,7 +123,8 @@ def test_resume_continues_from_the_interrupted_step(runs):
 
 
 def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
-    from terminal_rsi.rpr.phase import initial_states, model_config
+    from terminal_rsi.models.loading import model_config
+    from terminal_rsi.rpr.phase import initial_states
 
     config = _config()
     config.mode = "warmup_critic"
@@ -133,7 +135,7 @@ def test_warmup_critic_mode_one_pass_actor_frozen(tmp_path, runs):
     assert res.step == 1 and [m["critic_only"] for m in res.metrics] == [True]
     # one pass: every training task once, although _config sets the reward_variance curriculum
     shard = read_shard(os.path.join(tmp_path, "trajectories", "step_00001.jsonl"))
-    from terminal_rsi.rpr.phase import config_tasks
+    from terminal_rsi.rpr.steps import config_tasks
 
     train_ids = sorted(t.id for t in config_tasks(config, "train", config.tasks.n_per_family))
     assert sorted(t.task_id for t in shard) == train_ids
@@ -150,7 +152,8 @@ def test_mask_malformed_keeps_cut_off_replies_out_of_the_policy_loss(tmp_path):
     ppo.critic_epochs: 3 critic passes of 2 minibatches per step, 1 actor pass; and
     ppo.normalize_advantages whitens over every trained token, the malformed ones included
     (the stored advantages against a NumPy whitening of returns - values)."""
-    from terminal_rsi.rpr.phase import initial_states, model_config
+    from terminal_rsi.models.loading import model_config
+    from terminal_rsi.rpr.phase import initial_states
 
     config = _config()
     config.ppo.mask_malformed = True
@@ -352,7 +355,8 @@ def test_phase_with_lora_adapters_trains_only_them_and_resumes(tmp_path):
     from terminal_rsi import trainable
     from terminal_rsi.checkpoint import import_weights
     from terminal_rsi.models import lora, weights
-    from terminal_rsi.rpr.phase import initial_states, model_config
+    from terminal_rsi.models.loading import model_config
+    from terminal_rsi.rpr.phase import initial_states
     from tests.models.reference import write_tiny_gguf
 
     path = str(tmp_path / "tiny.gguf")

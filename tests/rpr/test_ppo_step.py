@@ -9,6 +9,7 @@ import pytest
 from terminal_rsi import ppo_step as ps
 from terminal_rsi.advantages import compute_advantages, prepare_ppo_batch
 from terminal_rsi.alignment import predictable_mask, token_logprobs
+from terminal_rsi.credit import TokenGAE, TurnBoundaryGAE
 from terminal_rsi.forward import actor_logprobs, make_logprob_fn, make_value_fn
 from terminal_rsi.grad_accum import BatchError
 from terminal_rsi.losses import Aggregation, PPOConfig
@@ -34,9 +35,9 @@ JOINT = {m: joint_step(m) for m in (1, 2)}
 @pytest.fixture(scope="module")
 def setup():
     actor, critic = states()
-    batch = prepare_ppo_batch(actor, critic, toy_batch(), estimator="tb_gae",
-                                 gamma_turn=0.9, lambda_turn=0.8, logprob_fn=LP_FN,
-                                 value_fn=V_FN)
+    batch = prepare_ppo_batch(actor, critic, toy_batch(),
+                              estimator=TurnBoundaryGAE(gamma_turn=0.9, lambda_turn=0.8),
+                              logprob_fn=LP_FN, value_fn=V_FN)
     # Non-trivial advantages regardless of the (zero-head) critic.
     rng = np.random.default_rng(0)
     batch["advantages"] = jnp.where(batch["gen_mask"], rng.normal(size=batch["gen_mask"].shape),
@@ -86,8 +87,8 @@ def test_unit_clock_advantages_are_reward_to_go_minus_value():
     raw = toy_batch()
     values = jnp.asarray(np.random.default_rng(1).normal(size=raw["rewards"].shape),
                          jnp.float32)
-    adv, ret = compute_advantages(values, raw, estimator="gae", gamma=1.0, lam=1.0)
-    adv2, _ = compute_advantages(values, raw, estimator="tb_gae")
+    adv, ret = compute_advantages(values, raw, estimator=TokenGAE(gamma=1.0, lam=1.0))
+    adv2, _ = compute_advantages(values, raw)  # the default: TB-GAE, γ_turn = λ_turn = 1
     gen = raw["gen_mask"]
     for b in range(gen.shape[0]):
         for t in np.flatnonzero(gen[b]):
@@ -184,7 +185,8 @@ def test_chunked_logprobs_match_full_logits_values_and_gradients(setup, chunk=5)
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("estimator", ["tb_gae", "gae"])
+@pytest.mark.parametrize("estimator", [TurnBoundaryGAE(gamma_turn=0.9, lambda_turn=0.8),
+                                       TokenGAE(gamma=0.95, lam=0.7)])
 def test_split_episode_continues_from_its_successor_row(estimator):
     """An episode split by summarization into three rows (next_row links 0 -> 2 -> 1) gets
     the advantages of the same episode in one row; without the links it does not."""
@@ -226,10 +228,10 @@ def test_split_episode_continues_from_its_successor_row(estimator):
     whole, v_whole = batch([row(turns)], 0)
     assert whole["gen_mask"][0, :len(full_gen)].tolist() == [bool(x) for x in full_gen]
     split, v_split = batch([row([0, 1]), row([3]), row([2])], 1)
-    kw = dict(estimator=estimator, gamma_turn=0.9, lambda_turn=0.8, gamma=0.95, lam=0.7)
-    adv_w, ret_w = compute_advantages(v_whole, whole, **kw)
-    adv_s, ret_s = compute_advantages(v_split, split, next_row=np.array([2, -1, 1]), **kw)
-    adv_n, _ = compute_advantages(v_split, split, **kw)
+    adv_w, ret_w = compute_advantages(v_whole, whole, estimator=estimator)
+    adv_s, ret_s = compute_advantages(v_split, split, estimator=estimator,
+                                      next_row=np.array([2, -1, 1]))
+    adv_n, _ = compute_advantages(v_split, split, estimator=estimator)
 
     def gen_values(a, b):
         return np.asarray(a)[b["gen_mask"]]

@@ -1,23 +1,17 @@
 """Contract C1: experiments/run.py writes <workdir>/config.json (atomically) before run()."""
 
-import functools
-import importlib.util
 import json
 import os
 import types
 
 from terminal_rsi import registry
+from terminal_rsi.experiments import run as run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@functools.cache  # absl flags can be defined once per process
 def _load_run_module():
-    spec = importlib.util.spec_from_file_location(
-        "experiments_run_c1", os.path.join(ROOT, "experiments", "run.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return run_module  # the command line of experiments/run.py and `terminal-rsi`
 
 
 def test_config_json_is_written_before_run(tmp_path, monkeypatch):
@@ -34,7 +28,7 @@ def test_config_json_is_written_before_run(tmp_path, monkeypatch):
     probe = types.SimpleNamespace(SCHEMA=real.SCHEMA, check=real.check, run=probe_run)
     monkeypatch.setattr(registry, "get_experiment", lambda name: probe)
     workdir = tmp_path / "w"
-    run_py._parse_flags(["run.py", f"--config={ROOT}/configs/credit_diagnostic.py",
+    run_py.parse_flags(["run.py", f"--config={ROOT}/configs/credit_diagnostic.py",
                          f"--workdir={workdir}"])
     run_py.main(["run.py"])
     assert seen["file"]["experiment"] == "credit_diagnostic"
@@ -66,11 +60,11 @@ def test_console_flags_quiet_library_logging_and_set_the_progress_mode(monkeypat
     monkeypatch.setenv(progress.ENV, "auto")  # restored afterwards
     config = f"--config={ROOT}/configs/credit_diagnostic.py"
     try:
-        run_py._parse_flags(["run.py", config, "--progress=never"])
+        run_py.parse_flags(["run.py", config, "--progress=never"])
         assert logging.get_verbosity() == logging.WARNING  # absl's app.run would say INFO
         assert os.environ[progress.ENV] == "never"
         flags.FLAGS["verbosity"].unparse()
-        run_py._parse_flags(["run.py", config, "--verbosity=0"])
+        run_py.parse_flags(["run.py", config, "--verbosity=0"])
         assert logging.get_verbosity() == logging.INFO  # asked for: kept
     finally:  # flag values outlive the call in this process
         flags.FLAGS["verbosity"].unparse()

@@ -9,6 +9,7 @@ import pytest
 from terminal_rsi import ppo_step as ps
 from terminal_rsi.advantages import prepare_ppo_batch, whiten_advantages
 from terminal_rsi.alignment import predictable_mask
+from terminal_rsi.credit import TurnBoundaryGAE
 from terminal_rsi.forward import make_logprob_fn, make_value_fn
 from terminal_rsi.losses import PPOConfig
 from terminal_rsi.rpr.update import grouped_forward, minibatch_rows, row_widths, take_rows
@@ -73,8 +74,8 @@ def test_cut_minibatch_update_equals_full_width_update():
     """One actor and one critic update on a minibatch cut to its width give the same
     parameters and metrics as the same rows at the full width."""
     actor, critic = states()
-    batch = prepare_ppo_batch(actor, critic, _padded(32), estimator="tb_gae",
-                                 gamma_turn=0.9, lambda_turn=0.8)
+    batch = prepare_ppo_batch(actor, critic, _padded(32),
+                              estimator=TurnBoundaryGAE(gamma_turn=0.9, lambda_turn=0.8))
     batch = {k: np.asarray(v) for k, v in batch.items()}
     rng = np.random.default_rng(1)
     batch["advantages"] = np.where(batch["gen_mask"], rng.normal(size=batch["gen_mask"].shape),
