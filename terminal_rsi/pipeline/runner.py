@@ -387,8 +387,11 @@ class Pipeline:
         return rec
 
     def reward_fn(self, name: str) -> str:
-        """The reward function stage `name` trains with (its episodes are scored by it)."""
-        return get_path(self.stage_config(name), "rewards.fn") or "fdr"
+        """The reward function stage `name` trains with (its episodes are scored by it); a
+        stage without one (base, RSR: the verdict alone) is scored by the evaluation's own
+        `eval.reward_fn`."""
+        return (get_path(self.stage_config(name), "rewards.fn")
+                or get_path(self.eval_base_config(), "eval.reward_fn"))
 
     def candidates(self, name: str) -> list[tuple[int | None, str]]:
         """(step, export dir) of the actors stage `name` offers for model selection: its
