@@ -17,6 +17,8 @@ of its stages' configs, derives its schema with `schema_of` and adds those paths
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +40,13 @@ from terminal_rsi.settings import (
 class ConfigError(SettingError):
     """A config field is unknown, missing, ill-typed or out of range (a `SettingError`: code
     that catches the library's setting errors catches these too)."""
+
+
+def config_file_name(path: str) -> str | None:
+    """`<name>` of a path of the form `configs/<name>.py` (a config file of the package,
+    `terminal_rsi/configs/`), else None."""
+    parent, name = posixpath.split(posixpath.normpath(path.replace(os.sep, "/")))
+    return name[:-3] if parent == "configs" and name.endswith(".py") else None
 
 
 def check_value(path: str, value: Any, field: Setting) -> None:

@@ -39,7 +39,12 @@ from typing import Any
 
 from terminal_rsi import multihost
 from terminal_rsi.agent.harness import HarnessConfig, SamplerPolicy
-from terminal_rsi.agent.scheduler import RolloutResult, RolloutScheduler, SchedulerConfig
+from terminal_rsi.agent.scheduler import (
+    RolloutResult,
+    RolloutScheduler,
+    SchedulerConfig,
+    num_launch,
+)
 from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory, gather_trajectories
 from terminal_rsi.sampling import Buckets, Sampler
 from terminal_rsi.tasks import task_sandbox_factory
@@ -178,9 +183,10 @@ class RolloutEngine:
             tasks, batch_size, policy_version=policy_version, desc=desc,
             first_index=first_index)
 
-    def num_launch(self, batch_size: int, oversample: float) -> int:
+    @staticmethod
+    def num_launch(batch_size: int, oversample: float) -> int:
         """How many episodes `first` launches for `batch_size` at `oversample`."""
-        return self._scheduler(None, oversample, False).num_launch(batch_size)
+        return num_launch(batch_size, oversample)
 
     def ahead(self, fn: Callable, *args, **kwargs) -> cf.Future:
         """Run `fn` (a rollout call) on the engine's one background thread: the one-batch-

@@ -163,6 +163,11 @@ class RolloutResult:
     errors: list[str] = dataclasses.field(default_factory=list)  # episodes that raised
 
 
+def num_launch(batch_size: int, oversample: float) -> int:
+    """B' = ceil(B (1 + oversample)): the episodes launched to keep the first B."""
+    return int(math.ceil(batch_size * (1.0 + oversample) - 1e-9))
+
+
 def _episode_policy(batcher: BatchingPolicy, config: SchedulerConfig, index: int,
                     namespace: int | None):
     """Episode `index`'s view of the batched policy: with `episode_streams`, its own random
@@ -195,7 +200,7 @@ class RolloutScheduler:
         self.scorer = scorer
 
     def num_launch(self, batch_size: int) -> int:
-        return int(math.ceil(batch_size * (1.0 + self.config.oversample) - 1e-9))
+        return num_launch(batch_size, self.config.oversample)
 
     def collect(self, tasks: Iterable, batch_size: int, *,
                 policy_version: int | None = None, desc: str = "rollout",

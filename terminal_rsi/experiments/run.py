@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
-import posixpath
 import sys
 from collections.abc import Sequence
 
@@ -35,6 +34,7 @@ from terminal_rsi import compile_cache, progress, registry, sharding
 from terminal_rsi.atomic import atomic_write_text
 from terminal_rsi.configuration import (
     ConfigError,
+    config_file_name,
     unknown_override_message,
 )
 from terminal_rsi.models.source import check_model_source
@@ -102,12 +102,10 @@ def config_file(spec: str) -> str:
     directory has no such file (ml_collections' `path[:argument]` form is kept); any other
     value as given."""
     path, colon, arg = spec.partition(":")
-    if os.path.exists(path):
+    name = config_file_name(path)
+    if os.path.exists(path) or name is None:
         return spec
-    parts = posixpath.normpath(path.replace(os.sep, "/")).split("/")
-    if len(parts) != 2 or parts[0] != "configs" or not parts[1].endswith(".py"):
-        return spec
-    packaged = importlib.resources.files("terminal_rsi.configs") / parts[1]
+    packaged = importlib.resources.files("terminal_rsi.configs") / f"{name}.py"
     return str(packaged) + colon + arg if packaged.is_file() else spec
 
 

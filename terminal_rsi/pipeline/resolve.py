@@ -39,7 +39,6 @@ import hashlib
 import importlib
 import json
 import os
-import posixpath
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,7 +47,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from terminal_rsi import registry
-from terminal_rsi.configuration import ConfigError, flatten
+from terminal_rsi.configuration import ConfigError, config_file_name, flatten
 from terminal_rsi.models.source import check_model_source
 from terminal_rsi.pipeline.config import Graph, ModelDims, PipelineEval, PipelineValidation
 from terminal_rsi.pipeline.graph import BASES, RPR1, STAGES, StageSpec
@@ -118,10 +117,10 @@ def set_path(cfg, path: str, value) -> None:
 
 def config_module(rel_path: str) -> str:
     """`configs/<name>.py` -> the module `terminal_rsi.configs.<name>` that holds it."""
-    parent, name = posixpath.split(posixpath.normpath(rel_path))
-    if parent != "configs" or not name.endswith(".py"):
+    name = config_file_name(rel_path)
+    if name is None:
         raise PipelineError(f"config file {rel_path!r}: expected configs/<name>.py")
-    return f"{CONFIG_PACKAGE}.{name[:-3]}"
+    return f"{CONFIG_PACKAGE}.{name}"
 
 
 def load_config_file(rel_path: str) -> ml_collections.ConfigDict:

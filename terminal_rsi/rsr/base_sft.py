@@ -115,11 +115,6 @@ def evaluate(engine: RolloutEngine, actor, config, tasks, *, guided: bool,
                       desc="eval").trajectories
 
 
-def success(episodes: list, n: int) -> float:
-    """Strict success over `n` attempts (an attempt without an episode counts as failed)."""
-    return float(sum(t.S for t in episodes) / max(n, 1))
-
-
 def load_demonstrations(engine: RolloutEngine, config, rng,
                         trajdir: str) -> tuple[list, list, dict]:
     """Step 1: the training tasks and their verified demonstrations
@@ -162,11 +157,11 @@ class Trainer:
         n = len(self.eval_tasks)
         ev = evaluate(self.engine, self.actor, c, self.eval_tasks, guided=False,
                       seed=c.seed + step)
-        row["eval/success"] = success(ev, n)
+        row["eval/success"] = cm.success(ev, n)
         if c.eval.guided:
             gv = evaluate(self.engine, self.actor, c, self.eval_tasks, guided=True,
                           seed=c.seed + step + 1)
-            row["eval/guided_success"] = success(gv, n)
+            row["eval/guided_success"] = cm.success(gv, n)
         self.final_eval = ev
 
     def on_step(self, offset: int, t_train0: float) -> Callable[[int, dict], None]:

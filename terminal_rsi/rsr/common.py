@@ -85,6 +85,12 @@ def create_actor(config, mcfg, opt_section, seed: int, total_steps: int = 0):
                               params=initial_actor_params(config, mcfg))
 
 
+def success(episodes: Sequence, n: int) -> float:
+    """Strict success over `n` attempts (an attempt without an episode, one that raised,
+    counts as failed)."""
+    return float(sum(t.S for t in episodes) / max(n, 1))
+
+
 def success_by_family(trajs: Sequence) -> dict[str, dict[str, float]]:
     fams: dict[str, list[int]] = {}
     for t in trajs:

@@ -474,7 +474,7 @@ def rewritten_success(st: StageSetup, actor: TrainState, rewritten: list,
     eval_h = dataclasses.replace(st.h0, temperature=st.config.eval.temperature)
     trajs = st.engine.run(st.policy(actor, seed), rewritten, harness=eval_h,
                           streams="rewritten", desc="rewritten tasks").trajectories
-    return float(sum(t.S for t in trajs) / len(rewritten))  # one that raised: failed
+    return cm.success(trajs, len(rewritten))
 
 
 def finetune(st: StageSetup, actor: TrainState, q_clean: list, rehearsal: list,

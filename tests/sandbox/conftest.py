@@ -22,6 +22,10 @@ import pytest
 from terminal_rsi.sandbox import SandboxSpec, open_sandbox
 from terminal_rsi.sandbox.procs import pids_with_cmdline, pids_with_env
 
+# the small sandbox of the session and hostile tests, and their wall-clock bound: a generous
+# "returns", not a speed claim
+SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
+BOUND_S = 30.0
 IN_CI = os.environ.get("CI", "").lower() == "true"
 ROOT = os.geteuid() == 0
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -24,13 +24,10 @@ import time
 
 import pytest
 
-from terminal_rsi.sandbox import BadRequest, SandboxLost, SandboxSpec
+from terminal_rsi.sandbox import BadRequest, SandboxLost
 from terminal_rsi.sandbox.procs import pids_with_cmdline
 
-from .conftest import ROOT, assert_no_leftovers, make_tar, sleep_secs, tar_members
-
-SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
-BOUND_S = 30.0  # a generous wall-clock bound: "returns", not a speed claim
+from .conftest import BOUND_S, ROOT, SPEC, assert_no_leftovers, make_tar, sleep_secs, tar_members
 
 
 @pytest.fixture(scope="module")

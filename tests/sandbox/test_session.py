@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
+from terminal_rsi.sandbox import BadRequest, SandboxError
 from terminal_rsi.sandbox.procs import pids_with_cmdline, pids_with_env
 from terminal_rsi.sandbox.terminal import (
     expected_prompts,
@@ -20,10 +20,8 @@ from terminal_rsi.sandbox.terminal import (
     terminal_text,
 )
 
-from .conftest import assert_no_leftovers, need, sleep_secs
+from .conftest import BOUND_S, SPEC, assert_no_leftovers, need, sleep_secs
 
-SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
-BOUND_S = 30.0  # "returns", not a speed claim
 FETCH = ("python3 -c \"import urllib.request,sys; "
          "print(urllib.request.urlopen('http://127.0.0.1:%d/hello.txt', timeout=5).read()"
          ".decode())\"")

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from terminal_rsi.sandbox import SandboxSpec
 from terminal_rsi.sandbox.errors import SandboxLost
 from terminal_rsi.sandbox.terminal import (
     Channel,
@@ -22,10 +21,8 @@ from terminal_rsi.sandbox.terminal import (
     shell_env,
 )
 
-from .conftest import need
+from .conftest import BOUND_S, SPEC, need
 
-SPEC = SandboxSpec(memory_mb=256, pids=64, disk_mb=64, max_output_bytes=64 << 10)
-BOUND_S = 30.0  # "returns", not a speed claim
 # the exact doorbell the shell's next prompt rings (status 0), made by replaying the
 # shell's own hook and PS1 in a subshell ($$ there is the shell's pid): nothing is secret
 REPLAY = '(true; eval "$PROMPT_COMMAND"; printf %s "${PS1@P}")'
