@@ -12,7 +12,7 @@ INSTALL_REQUIRES = [
     "ml-collections>=1.0,<2",
     "absl-py>=2.1,<3",
     "pyyaml>=6,<7",  # Terminal-Bench task.yaml (terminal_rsi.tasks)
-    "tqdm>=4.66,<5",  # progress bars on the console (terminal_rsi.progress)
+    "tqdm>=4.66,<5",  # progress bars on the console (terminal_rsi.runtime.progress)
 ]
 
 EXTRAS = {

@@ -1,5 +1,5 @@
-"""JAX's persistent compilation cache (terminal_rsi.compile_cache, enabled by experiments/run.py)
-on the sampler's start-up cost.
+"""JAX's persistent compilation cache (terminal_rsi.runtime.compile_cache, enabled by
+experiments/run.py) on the sampler's start-up cost.
 
 Each row is one fresh Python process that builds the tiny default's actor (random weights) and
 `Sampler`, then generates once for every batch bucket in `--batches` (16 new tokens; the
@@ -30,16 +30,16 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from terminal_rsi import compile_cache
+from terminal_rsi.runtime import compile_cache
 cache = None if sys.argv[2] == "off" else compile_cache.enable(sys.argv[2])
 import jax
-from terminal_rsi import sharding as shd
+from terminal_rsi.runtime import sharding as shd
 from terminal_rsi.models.config import get_model_config
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.pipeline.scales import TINY_DIMS
-from terminal_rsi.sampling import Buckets, Sampler
-from terminal_rsi.train_state import OptimizerConfig, create_train_state
+from terminal_rsi.models.sampling import Buckets, Sampler
+from terminal_rsi.training.train_state import OptimizerConfig, create_train_state
 
 tok = ByteTokenizer()
 mcfg = get_model_config("tiny", **TINY_DIMS)

@@ -24,10 +24,10 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from terminal_rsi import sharding as shd  # noqa: E402
-from terminal_rsi import train_state as ts  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM, ValueModel  # noqa: E402
+from terminal_rsi.runtime import sharding as shd  # noqa: E402
+from terminal_rsi.training import train_state as ts  # noqa: E402
 
 
 class PlainBlock(nnx.Module):

@@ -1,4 +1,4 @@
-"""One RPR actor+critic PPO update vs the plain training steps of terminal_rsi.train_state.
+"""One RPR actor+critic PPO update vs the plain training steps of terminal_rsi.training.train_state.
 
 Baseline: an actor LM step (`make_update_step(lm_loss)`) plus a critic regression step
 (`make_update_step(value_regression_loss)`) on the same [B, L] batch. Measured: the PPO
@@ -23,12 +23,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from terminal_rsi import ppo_step as ps  # noqa: E402
-from terminal_rsi.forward import make_logprob_fn  # noqa: E402
-from terminal_rsi.losses import PPOConfig  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM, ValueModel  # noqa: E402
-from terminal_rsi.train_state import (  # noqa: E402
+from terminal_rsi.training import ppo_step as ps  # noqa: E402
+from terminal_rsi.training.forward import make_logprob_fn  # noqa: E402
+from terminal_rsi.training.losses import PPOConfig  # noqa: E402
+from terminal_rsi.training.train_state import (  # noqa: E402
     OptimizerConfig,
     create_train_state,
     lm_loss,

@@ -37,15 +37,15 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from configs.rpr_phase import get_config  # noqa: E402
-from terminal_rsi import registry  # noqa: E402
 from terminal_rsi.agent import HarnessConfig, ReferencePolicy, SamplerPolicy  # noqa: E402
 from terminal_rsi.agent.engine import RolloutEngine  # noqa: E402
 from terminal_rsi.agent.scheduler import RolloutScheduler, SchedulerConfig  # noqa: E402
+from terminal_rsi.config import registry  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
+from terminal_rsi.models.sampling import Buckets, Sampler  # noqa: E402
 from terminal_rsi.models.tokenizer import ByteTokenizer  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM  # noqa: E402
 from terminal_rsi.rpr import run_phase  # noqa: E402
-from terminal_rsi.sampling import Buckets, Sampler  # noqa: E402
 from terminal_rsi.tasks import get_suite  # noqa: E402
 
 FAMILIES = ["create_file", "count_lines", "sort_uniq", "edit_replace"]
@@ -110,11 +110,11 @@ def parse_error_rows(args, policy):
     the packed batch (the update's per-token cost scales the same way)."""
     from timing import best_of
 
-    from terminal_rsi import sharding as shd
     from terminal_rsi.agent import pack_trajectories
-    from terminal_rsi.forward import make_value_fn
     from terminal_rsi.models.transformer import ValueModel
-    from terminal_rsi.train_state import OptimizerConfig, create_train_state
+    from terminal_rsi.runtime import sharding as shd
+    from terminal_rsi.training.forward import make_value_fn
+    from terminal_rsi.training.train_state import OptimizerConfig, create_train_state
 
     cfg = get_model_config("tiny")
     critic = create_train_state(ValueModel, cfg, OptimizerConfig(1e-3), shd.make_mesh({}),

@@ -1,4 +1,4 @@
-"""The RSR / base_sft SFT step (Eq. 3) vs the plain LM step of terminal_rsi.train_state.
+"""The RSR / base_sft SFT step (Eq. 3) vs the plain LM step of terminal_rsi.training.train_state.
 
 Baseline: `make_update_step(lm_loss)` (next-token NLL over a loss mask, one jitted donated
 step). Measured: `terminal_rsi.rsr.sft.make_sft_step` on the same [B, L] batch (generated-
@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from terminal_rsi.losses import Aggregation  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM  # noqa: E402
 from terminal_rsi.rsr.sft import make_sft_step  # noqa: E402
-from terminal_rsi.train_state import (  # noqa: E402
+from terminal_rsi.training.losses import Aggregation  # noqa: E402
+from terminal_rsi.training.train_state import (  # noqa: E402
     OptimizerConfig,
     create_train_state,
     lm_loss,

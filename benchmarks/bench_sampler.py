@@ -34,13 +34,13 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from timing import best_of  # noqa: E402
 
-from terminal_rsi import logprobs as lpm  # noqa: E402
+from terminal_rsi.models import logprobs as lpm  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
+from terminal_rsi.models.sampling import Buckets, Sampler  # noqa: E402
 from terminal_rsi.models.transformer import (
     DecoderLM,  # noqa: E402
     init_cache,  # noqa: E402
 )
-from terminal_rsi.sampling import Buckets, Sampler  # noqa: E402
 
 
 def _model(name: str):

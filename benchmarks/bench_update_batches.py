@@ -27,9 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from terminal_rsi import ppo_step as ps  # noqa: E402
-from terminal_rsi.forward import make_logprob_fn, make_value_fn  # noqa: E402
-from terminal_rsi.losses import PPOConfig  # noqa: E402
 from terminal_rsi.models.config import ModelConfig  # noqa: E402
 from terminal_rsi.models.transformer import DecoderLM, ValueModel  # noqa: E402
 from terminal_rsi.rpr.update import (  # noqa: E402
@@ -38,7 +35,10 @@ from terminal_rsi.rpr.update import (  # noqa: E402
     row_widths,
     take_rows,
 )
-from terminal_rsi.train_state import OptimizerConfig, create_train_state  # noqa: E402
+from terminal_rsi.training import ppo_step as ps  # noqa: E402
+from terminal_rsi.training.forward import make_logprob_fn, make_value_fn  # noqa: E402
+from terminal_rsi.training.losses import PPOConfig  # noqa: E402
+from terminal_rsi.training.train_state import OptimizerConfig, create_train_state  # noqa: E402
 
 TINY = ModelConfig(vocab_size=384, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
                    head_dim=32, d_ff=384, max_seq_len=2048)

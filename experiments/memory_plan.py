@@ -7,10 +7,11 @@
 For each mesh (`sharding` axes data/fsdp/tensor) it prints the parameter and AdamW-moment
 bytes per device of the actor (DecoderLM) and the critic (ValueModel) of the scale's model
 (`terminal_rsi.pipeline.scales`: the `model` preset and dims, else the tiny model), using
-`terminal_rsi.memory_plan` (abstract shapes only: nothing is allocated, any mesh size runs on a
-laptop), and whether both fit `--device_gib` when actor and critic share the devices.
+`terminal_rsi.training.memory_plan` (abstract shapes only: nothing is allocated, any mesh size runs
+on a laptop), and whether both fit `--device_gib` when actor and critic share the devices.
 Activations, KV caches and the sampler's weights come on top of these numbers. One model on
-one mesh, with the per-tensor table: `python -m terminal_rsi.memory_plan --model ... --mesh ...`.
+one mesh, with the per-tensor table:
+`python -m terminal_rsi.training.memory_plan --model ... --mesh ...`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import app, flags, logging  # noqa: E402
 
-from terminal_rsi.memory_plan import memory_plan  # noqa: E402
 from terminal_rsi.models.config import get_model_config  # noqa: E402
 from terminal_rsi.pipeline.scales import SCALES  # noqa: E402
-from terminal_rsi.sharding import MESH_AXES  # noqa: E402
+from terminal_rsi.runtime.sharding import MESH_AXES  # noqa: E402
+from terminal_rsi.training.memory_plan import memory_plan  # noqa: E402
 
 _SCALE = flags.DEFINE_enum("scale", "paper", list(SCALES), "pipeline scale whose model to plan")
 _DEVICE_GIB = flags.DEFINE_float("device_gib", 80.0, "memory of one device in GiB")

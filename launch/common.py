@@ -6,9 +6,9 @@ Every launcher runs the same command on every process:
         [--config.a.b=v ...] [--config.tasks.backend=http://sbx0:8765,http://sbx1:8765]
 
 `TERMINAL_RSI_DISTRIBUTED=1` makes experiments/run.py call `jax.distributed.initialize` for
-any experiment (terminal_rsi.sharding.maybe_initialize_distributed); the coordinator address,
-process count and id come from JAX's TPU auto-detection or from TERMINAL_RSI_* variables the
-SLURM script sets per task.
+any experiment (terminal_rsi.runtime.sharding.maybe_initialize_distributed); the coordinator
+address, process count and id come from JAX's TPU auto-detection or from TERMINAL_RSI_* variables
+the SLURM script sets per task.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def split_hosts(hosts: str | None) -> list[str]:
 def run_argv(config_path: str, workdir: str, overrides: Sequence[str],
              sandbox_hosts: str | None = None, python: str = "python3") -> list[str]:
     """The experiments/run.py argv; checks the config, its experiment and every override."""
-    from terminal_rsi.configuration import flatten
-    from terminal_rsi.registry import EXPERIMENTS
+    from terminal_rsi.config.configuration import flatten
+    from terminal_rsi.config.registry import EXPERIMENTS
 
     if not workdir:
         raise LaunchError("--workdir is required (on a pod or cluster: shared storage, e.g. "

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print_plan(header, steps)
         return 0
-    from terminal_rsi.atomic import atomic_write_text
+    from terminal_rsi.runtime.atomic import atomic_write_text
 
     ensure_token(os.path.expanduser(args.token_file))
     atomic_write_text(args.unit_file, unit_text(args))

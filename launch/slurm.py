@@ -33,7 +33,7 @@ from launch.common import (  # noqa: E402
     parse_env,
     run_argv,
 )
-from terminal_rsi.atomic import atomic_write_text  # noqa: E402
+from terminal_rsi.runtime.atomic import atomic_write_text  # noqa: E402
 
 _TIME = re.compile(r"(\d+-)?\d{1,2}:\d{2}:\d{2}|\d+")
 

@@ -9,7 +9,7 @@ annotation), its default, its allowed values and its one-line doc, once:
         max_to_keep: int = setting(3, "checkpoints kept", lo=1)
 
 Everything else derives from that: an instance checks itself (`SettingError` naming the field
-and what is allowed), `terminal_rsi.configuration` builds instances from an ml_collections
+and what is allowed), `terminal_rsi.config.configuration` builds instances from an ml_collections
 ConfigDict and derives the schema checks and `docs/configs.md` from these fields, and the
 config files under `configs/` start from `configuration.config_dict(<Config>)` and hold only
 what differs from the defaults.

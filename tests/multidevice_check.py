@@ -11,10 +11,10 @@ import tempfile
 import jax
 import numpy as np
 
-from terminal_rsi import sharding as shd
-from terminal_rsi import train_state as ts
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.training import train_state as ts
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8,
                   d_ff=48, max_seq_len=64)

@@ -2,13 +2,16 @@
 
 1. no cycle among the module-level imports between files;
 2. no cycle between packages (`terminal_rsi.<pkg>` is one node; a top-level module such as
-   `terminal_rsi/losses.py` is a node of its own; a package importing its own modules is fine);
+   `terminal_rsi/settings.py` is a node of its own; a package importing its own modules is
+   fine);
 3. the imports of `terminal_rsi` inside functions are exactly `IN_FUNCTION_IMPORTS` below
    (each with its reason: the list only shrinks);
 4. no function over `MAX_LINES` lines in rpr/, pipeline/, rsr/, agent/ except `LONG_FUNCTIONS`;
 5. below the top layer (`TOP_LAYER`: the config layer, the config files, the pipeline, the
    experiments and the report), no module imports the config layer (`CONFIG_LAYER`) or
-   plotting (`PLOTTING`), at module level or inside a function.
+   plotting (`PLOTTING`), at module level or inside a function;
+6. the packages stand in the named layers of `LAYERS`, bottom up: every package and top-level
+   module is in exactly one layer, and each imports only packages of lower layers.
 
 The last tests run the same checks on a small synthetic package, so a check that finds
 nothing is known to be able to find something.
@@ -25,11 +28,27 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "terminal_rsi"
 MAX_LINES = 80
 SHORT_PACKAGES = ("rpr", "pipeline", "rsr", "agent")
-TOP_LAYER = ("configuration", "registry", "configdoc", "pipeline", "experiments", "report",
-             "configs")
-CONFIG_LAYER = ("ml_collections", "terminal_rsi.configuration", "terminal_rsi.registry",
-                "terminal_rsi.configdoc", "terminal_rsi.pipeline", "terminal_rsi.experiments")
+TOP_LAYER = ("config.configuration", "config.registry", "config.configdoc", "pipeline",
+             "experiments", "report", "configs")
+CONFIG_LAYER = ("ml_collections", "terminal_rsi.config.configuration",
+                "terminal_rsi.config.registry", "terminal_rsi.config.configdoc",
+                "terminal_rsi.pipeline", "terminal_rsi.experiments")
 PLOTTING = ("matplotlib",)
+
+# The packages of terminal_rsi (and its one top-level module), bottom layer first. A package
+# imports only packages of lower layers; a new package or top-level module is placed here.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("settings",),                          # the typed-setting mechanism (Section, setting)
+    ("runtime", "sandbox", "credit"),       # infrastructure, sandboxes, credit assignment math
+    ("models", "rewards"),                  # models, samplers, weights; verifiers and rewards
+    ("config", "training", "tasks"),        # typed sections; training math; task families
+    ("agent",),                             # harness, episodes, the rollout engine
+    ("rsr", "rpr", "evaluation"),           # the stages and the held-out evaluation
+    ("pipeline",),                          # the recipe: stages, handoffs, validation
+    ("report",),                            # figures and tables of a finished run
+    ("experiments",),                       # the command-line entry points
+    ("configs",),                           # the config files
+)
 
 
 # (module, innermost function) -> why a terminal_rsi import stays inside that function.
@@ -144,17 +163,42 @@ class CodeShape:
             return ".".join(parts[:2])
         return module
 
-    def file_cycles(self) -> list[list[str]]:
-        return strongly_connected(self.edges)
-
-    def package_cycles(self) -> list[list[str]]:
+    def package_edges(self) -> dict[str, set[str]]:
+        """{package or top-level module: the other packages it imports}."""
         edges: dict[str, set[str]] = collections.defaultdict(set)
         for a, targets in self.edges.items():
             for b in targets:
                 pa, pb = self.package_of(a), self.package_of(b)
                 if pa != pb:
                     edges[pa].add(pb)
-        return strongly_connected(edges)
+        return edges
+
+    def layer_problems(self, layers=LAYERS) -> list[str]:
+        """What breaks `layers`: a package (or top-level module) in no layer or in two, a
+        layer naming nothing that exists, and each import of a package at the same or a
+        higher layer."""
+        level = {}
+        problems = []
+        for i, layer in enumerate(layers):
+            for name in layer:
+                node = f"{self.package}.{name}"
+                if node in level:
+                    problems.append(f"{name} is in two layers")
+                level[node] = i
+        nodes = {self.package_of(m) for m in self.modules} - {self.package}
+        problems += [f"{n.partition('.')[2]} is in no layer" for n in sorted(nodes - set(level))]
+        problems += [f"{n.partition('.')[2]} does not exist" for n in sorted(set(level) - nodes)]
+        for a, targets in sorted(self.package_edges().items()):
+            for b in sorted(targets):
+                if a in level and b in level and level[b] >= level[a]:
+                    problems.append(f"{a} (layer {level[a]}) imports {b} (layer {level[b]})")
+        return problems
+
+    def file_cycles(self) -> list[list[str]]:
+        return strongly_connected(self.edges)
+
+    def package_cycles(self) -> list[list[str]]:
+        return strongly_connected(self.package_edges())
 
     def long_functions(self, subpackages=SHORT_PACKAGES,
                        max_lines: int = MAX_LINES) -> dict[tuple[str, str], int]:
@@ -239,6 +283,10 @@ def test_no_import_cycle_between_packages():
     assert SHAPE.package_cycles() == [], "these packages import each other (file or package)"
 
 
+def test_packages_stand_in_their_layers():
+    assert SHAPE.layer_problems() == [], "place the package in LAYERS or move the import"
+
+
 def test_in_function_imports_are_the_allowed_ones():
     found = {k for k, targets in SHAPE.in_function.items()
              if any(t == PACKAGE or t.startswith(PACKAGE + ".") for t in targets)}
@@ -306,6 +354,23 @@ def test_checker_finds_cycles_in_function_imports_and_long_functions(tmp_path):
     assert dict(shape.in_function) == {("pkg.sub.d", "f"): {"pkg.a"}}
     assert shape.long_functions(("rpr",)) == {("pkg.rpr.long", "long"): MAX_LINES + 1}
     assert shape.long_functions(("agent",)) == {}
+
+
+def test_layer_check_finds_misplaced_packages(tmp_path):
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/base.py": "from pkg.high import h\n",  # down to up
+        "pkg/low/__init__.py": "", "pkg/low/a.py": "from pkg import base\n",
+        "pkg/high/__init__.py": "", "pkg/high/h.py": "from pkg.low import a\n",
+        "pkg/loose/__init__.py": "",
+    })
+    shape = CodeShape(root, "pkg")
+    assert shape.layer_problems((("base",), ("low", "gone"), ("high", "low"))) == [
+        "low is in two layers", "loose is in no layer", "gone does not exist",
+        "pkg.base (layer 0) imports pkg.high (layer 2)",
+        "pkg.high (layer 2) imports pkg.low (layer 2)"]
+    assert shape.layer_problems((("base",), ("low",), ("high",), ("loose",))) == [
+        "pkg.base (layer 0) imports pkg.high (layer 2)"]
 
 
 def test_checker_finds_nothing_in_a_clean_package(tmp_path):

@@ -1,14 +1,14 @@
-"""The persistent compilation cache of the entry point (terminal_rsi.compile_cache)."""
+"""The persistent compilation cache of the entry point (terminal_rsi.runtime.compile_cache)."""
 
 import os
 import subprocess
 import sys
 
-from terminal_rsi import compile_cache
+from terminal_rsi.runtime import compile_cache
 
 PROGRAM = """
 import sys, jax, jax.numpy as jnp
-from terminal_rsi import compile_cache
+from terminal_rsi.runtime import compile_cache
 print(compile_cache.enable(sys.argv[1], min_compile_time_s=0.0))
 f = jax.jit(lambda x: jnp.sin(x) @ jnp.cos(x).T + 1.0)
 print(float(f(jnp.ones((8, 8))).sum()))

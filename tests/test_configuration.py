@@ -8,8 +8,8 @@ import sys
 import ml_collections
 import pytest
 
-from terminal_rsi import registry
-from terminal_rsi.configuration import (
+from terminal_rsi.config import registry
+from terminal_rsi.config.configuration import (
     BASE_SCHEMA,
     EPISODE_SCHEMA,
     SANDBOX_SCHEMA,
@@ -173,7 +173,7 @@ def test_a_misspelled_override_reads_as_text(override, readable):
 
 
 def test_unknown_override_message_without_a_hint_or_a_name():
-    from terminal_rsi.configuration import unknown_override_message
+    from terminal_rsi.config.configuration import unknown_override_message
 
     e = AttributeError(KeyError("'no_such'"))
     assert unknown_override_message(e, ["--config.no_such=1", "--config.seed=2"]) == (

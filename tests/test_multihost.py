@@ -1,4 +1,4 @@
-"""Multi-process runs on one machine: `terminal_rsi.multihost` in two real JAX processes
+"""Multi-process runs on one machine: `terminal_rsi.runtime.multihost` in two real JAX processes
 (gloo CPU collectives, 2 virtual devices each, wired as the launchers wire them); an RPR
 phase started by the TPU pod launcher's worker command, one batch ahead, with evaluation,
 checkpoints and a resume; an RSR stage with a non-empty Q_clean; and the main job started by
@@ -17,9 +17,8 @@ import pytest
 
 from configs.rpr2_spr import get_config
 from launch import slurm, tpu_pod
-from terminal_rsi import multihost
 from terminal_rsi.agent.trajectory import read_shard
-from terminal_rsi.configuration import build
+from terminal_rsi.config.configuration import build
 from terminal_rsi.evaluation.config import EvalConfig
 from terminal_rsi.evaluation.evaluate import evaluate
 from terminal_rsi.pipeline import validate_ledger
@@ -27,6 +26,7 @@ from terminal_rsi.pipeline.handoff import restore_export
 from terminal_rsi.pipeline.resolve import set_path
 from terminal_rsi.pipeline.runner import Pipeline
 from terminal_rsi.rsr.stage import StageSetup, run_rsr
+from terminal_rsi.runtime import multihost
 from tests.launch_standins import free_port, run_batch_script
 from tests.rpr.helpers import trees_equal, untimed
 from tests.rsr.helpers import follower_policy, tiny_stage_config
@@ -132,7 +132,7 @@ PROBE = textwrap.dedent("""
     import json, os, sys
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    from terminal_rsi import multihost, sharding
+    from terminal_rsi.runtime import multihost, sharding
     from terminal_rsi.agent.trajectory import Trajectory, gather_trajectories
     assert sharding.maybe_initialize_distributed({})
     pid = jax.process_index()
@@ -296,7 +296,7 @@ def test_main_job_in_two_processes(tmp_path):
 RSR_PROBE = textwrap.dedent("""
     import json, os, sys
     import numpy as np
-    from terminal_rsi import multihost, sharding
+    from terminal_rsi.runtime import multihost, sharding
     assert sharding.maybe_initialize_distributed({})
     from terminal_rsi.rsr.stage import StageSetup, run_rsr
     from tests.rsr.helpers import follower_policy, tiny_stage_config

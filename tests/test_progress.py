@@ -1,12 +1,12 @@
-"""terminal_rsi.progress: bars on stderr only when it is a terminal (or forced), rate and ETA
-shown, console lines printed above them."""
+"""terminal_rsi.runtime.progress: bars on stderr only when it is a terminal (or forced), rate and
+ETA shown, console lines printed above them."""
 
 import io
 import sys
 
 import pytest
 
-from terminal_rsi import progress as pg
+from terminal_rsi.runtime import progress as pg
 
 
 class _Terminal(io.StringIO):

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from terminal_rsi import logprobs as lpm
+from terminal_rsi.models import logprobs as lpm
 from terminal_rsi.models.config import ModelConfig
-from terminal_rsi.models.transformer import DecoderLM
-from terminal_rsi.sampling import (
+from terminal_rsi.models.sampling import (
     Buckets,
     Sampler,
     SamplingError,
@@ -22,6 +21,7 @@ from terminal_rsi.sampling import (
     sample_tokens,
     sampling_logits,
 )
+from terminal_rsi.models.transformer import DecoderLM
 
 CFG = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                   d_ff=64, max_seq_len=128)

@@ -12,9 +12,8 @@ from collections.abc import Callable
 import ml_collections
 import pytest
 
-from terminal_rsi import configuration, registry
-from terminal_rsi.configuration import ConfigError, build, config_dict, schema_of
-from terminal_rsi.losses import Aggregation
+from terminal_rsi.config import configuration, registry
+from terminal_rsi.config.configuration import ConfigError, build, config_dict, schema_of
 from terminal_rsi.rpr.config import PhaseConfig
 from terminal_rsi.settings import (
     Section,
@@ -25,6 +24,7 @@ from terminal_rsi.settings import (
     setting,
     shared_section,
 )
+from terminal_rsi.training.losses import Aggregation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

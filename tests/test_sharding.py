@@ -11,9 +11,9 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from terminal_rsi import memory_plan as mp
-from terminal_rsi import sharding as shd
 from terminal_rsi.models.config import ModelConfig, get_model_config
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.training import memory_plan as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,7 +119,7 @@ def test_eight_devices_match_one_device():
 def test_distributed_config_section_validates():
     import ml_collections
 
-    from terminal_rsi.configuration import (
+    from terminal_rsi.config.configuration import (
         BASE_SCHEMA,
         DISTRIBUTED_SCHEMA,
         ConfigError,

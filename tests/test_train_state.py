@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from terminal_rsi import sharding as shd
-from terminal_rsi import train_state as ts
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
+from terminal_rsi.runtime import sharding as shd
 from terminal_rsi.settings import SettingError, specs
+from terminal_rsi.training import train_state as ts
 
 # module-scoped fixtures are expensive: keep this module on one xdist worker
 pytestmark = pytest.mark.xdist_group("train_state")

@@ -37,7 +37,6 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from terminal_rsi import multihost
 from terminal_rsi.agent.harness import HarnessConfig, SamplerPolicy
 from terminal_rsi.agent.scheduler import (
     RolloutResult,
@@ -46,7 +45,8 @@ from terminal_rsi.agent.scheduler import (
     num_launch,
 )
 from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory, gather_trajectories
-from terminal_rsi.sampling import Buckets, Sampler
+from terminal_rsi.models.sampling import Buckets, Sampler
+from terminal_rsi.runtime import multihost
 from terminal_rsi.tasks import task_sandbox_factory
 
 _SAMPLERS: dict[Any, Sampler] = {}  # compiled samplers of this process, by shape

@@ -61,8 +61,8 @@ from terminal_rsi.agent.actions import (
     checked_command,
     parse_action,
 )
+from terminal_rsi.config.sections import ACTION_FORMATS, TERMINALS
 from terminal_rsi.sandbox.terminal import is_key_name
-from terminal_rsi.sections import ACTION_FORMATS, TERMINALS
 
 SYSTEM_PREAMBLE = {
     "exec": "You are an autonomous agent working in a Linux shell. Solve the task by running "

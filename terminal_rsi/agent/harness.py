@@ -51,9 +51,9 @@ from terminal_rsi.agent.actions import (
 )
 from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT, get_format
 from terminal_rsi.agent.trajectory import Segment, TerminalReason, Trajectory, Turn
+from terminal_rsi.config.sections import BACKEND_ALLOWED, NucleusHarness, sandbox_backend_problem
 from terminal_rsi.sandbox import BadRequest, SandboxError, SandboxSpec
 from terminal_rsi.sandbox.terminal import SessionOutput, session_keystrokes
-from terminal_rsi.sections import BACKEND_ALLOWED, NucleusHarness, sandbox_backend_problem
 from terminal_rsi.settings import setting
 from terminal_rsi.tasks.spec import SESSION_SOLUTION_WAIT_S, TERMINAL_TAG, EnvironmentUnavailable
 from terminal_rsi.tasks.verify import VerifierError, open_task_sandbox, seed_files
@@ -190,7 +190,7 @@ class Policy(Protocol):
 
 
 class SamplerPolicy:
-    """A policy backed by `terminal_rsi.sampling.Sampler` (token ids + sampling logprobs).
+    """A policy backed by `terminal_rsi.models.sampling.Sampler` (token ids + sampling logprobs).
 
     Requests with equal (max_new_tokens, sampling) are generated as one batch. `set_params`
     swaps the weights between calls (async rollouts) and bumps `version`.

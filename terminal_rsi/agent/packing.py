@@ -19,7 +19,7 @@ import numpy as np
 
 from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory
 from terminal_rsi.credit import validate_tb_gae_inputs
-from terminal_rsi.sampling import Buckets, StopReason
+from terminal_rsi.models.sampling import Buckets, StopReason
 
 
 class PackingError(ValueError):
@@ -102,7 +102,7 @@ def pack_trajectories(trajectories: Sequence[Trajectory], *, buckets=None,
 
     Args:
       trajectories: finished episodes (each with a terminal reason).
-      buckets: `terminal_rsi.sampling.Buckets` for B (`batch`) and L (`cache`) rounding;
+      buckets: `terminal_rsi.models.sampling.Buckets` for B (`batch`) and L (`cache`) rounding;
         default `Buckets()`.
       max_len: longest allowed row (PackingError if a segment is longer).
 

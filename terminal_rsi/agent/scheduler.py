@@ -48,7 +48,7 @@ from terminal_rsi.agent.harness import (
     run_episode,
 )
 from terminal_rsi.agent.trajectory import TrainingPolicy, Trajectory
-from terminal_rsi.progress import progress
+from terminal_rsi.runtime.progress import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +57,8 @@ class SchedulerConfig:
     oversample)) (the paper: 288 for 256, i.e. 0.125). keep_stragglers: let episodes past the
     first B finish and return them (else cancel them). max_batch_wait_s: how long the batching
     loop waits for more prompts after the first. progress: a bar of finished episodes on
-    stderr (`terminal_rsi.progress`: rate, ETA, success, mean turns); None: only when stderr is
-    a terminal (or as $TERMINAL_RSI_PROGRESS says), True: always, False: never.
+    stderr (`terminal_rsi.runtime.progress`: rate, ETA, success, mean turns); None: only when
+    stderr is a terminal (or as $TERMINAL_RSI_PROGRESS says), True: always, False: never.
     episode_streams: episode i of a `collect` samples from random stream i (`StreamedPolicy`):
     its randomness depends on the policy's seed and i only, not on what else is in flight
     (evaluation: the same actor scores the same; two actors meet the same streams)."""

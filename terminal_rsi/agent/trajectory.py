@@ -43,8 +43,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from terminal_rsi import multihost
-from terminal_rsi.atomic import atomic_write_text
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.atomic import atomic_write_text
 
 
 class TerminalReason(enum.StrEnum):

@@ -16,7 +16,7 @@ and what it allows: terminal_rsi/rsr/config.py (BaseSFTConfig); this file sets w
 import ml_collections
 
 from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.rsr.config import BaseSFTConfig
 
 TINY_FAMILIES = ("count_lines", "permissions", "batch_rename", "log_pipeline", "create_file",

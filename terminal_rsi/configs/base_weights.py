@@ -7,7 +7,7 @@ export dir, or a random init of the tiny model.
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.pipeline.base_weights import BaseWeightsConfig
 
 

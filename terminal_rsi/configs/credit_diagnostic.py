@@ -8,7 +8,7 @@ Every setting, its default and what it allows: terminal_rsi/experiments/credit_d
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.experiments.credit_diagnostic import CreditDiagnosticConfig
 
 

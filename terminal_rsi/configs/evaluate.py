@@ -11,7 +11,7 @@ Model shape (model.*) must match the one the weights were trained with (the pipe
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.evaluation.config import EvalConfig
 
 

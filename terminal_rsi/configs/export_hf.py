@@ -11,7 +11,7 @@ any engine that reads Hugging Face LLaMA / Qwen directories, or load it here wit
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.experiments.export_hf import ExportConfig
 
 

@@ -9,7 +9,7 @@ default and what it allows: terminal_rsi/experiments/report.py (ReportConfig).
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.experiments.report import ReportConfig
 
 

@@ -11,7 +11,7 @@ setting, its default and what it allows: terminal_rsi/experiments/rescore.py (Re
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.experiments.rescore import RescoreConfig
 
 

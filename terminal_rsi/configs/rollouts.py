@@ -9,7 +9,7 @@ Every setting, its default and what it allows: terminal_rsi/experiments/rollouts
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.experiments.rollouts import RolloutsConfig
 
 

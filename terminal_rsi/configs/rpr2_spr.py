@@ -16,7 +16,7 @@ e.g. `--config.stages.rpr1_fdr.num_steps=16`). Sizes: `--config.scale=default|ci
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.pipeline.config import STAGE_NAMES, PipelineConfig
 from terminal_rsi.pipeline.resolve import stage_override_template
 

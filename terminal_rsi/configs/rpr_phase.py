@@ -14,7 +14,7 @@ this file sets only what differs. Paper values are the defaults of ppo.* and
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.rpr.config import PhaseConfig
 
 

@@ -14,8 +14,8 @@ fresh executions per runbook. Model, harness and tasks match configs/base_sft.py
 
 import ml_collections
 
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.configs.base_sft import get_config as base_config
-from terminal_rsi.configuration import config_dict
 from terminal_rsi.rsr.config import RSRConfig
 
 

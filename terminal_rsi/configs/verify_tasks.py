@@ -12,7 +12,7 @@ its default and what it allows: terminal_rsi/experiments/verify_tasks.py (Verify
 
 import ml_collections
 
-from terminal_rsi.configuration import config_dict
+from terminal_rsi.config.configuration import config_dict
 from terminal_rsi.experiments.verify_tasks import VerifyTasksConfig
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from terminal_rsi.rewards import REWARD_NAMES
-from terminal_rsi.sections import (
+from terminal_rsi.config.sections import (
     LAPTOP_HARNESS,
     InitWeights,
     ModelSource,
@@ -18,6 +17,7 @@ from terminal_rsi.sections import (
     Seeded,
     Tasks,
 )
+from terminal_rsi.rewards import REWARD_NAMES
 from terminal_rsi.settings import Section, SettingError, setting
 from terminal_rsi.tasks import registry
 

@@ -44,28 +44,28 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from terminal_rsi import multihost
-from terminal_rsi import sharding as shd
-from terminal_rsi.advantages import compute_advantages
 from terminal_rsi.agent import (
     pack_trajectories,
     write_shard,
 )
 from terminal_rsi.agent.engine import RolloutEngine, sampler_buckets
-from terminal_rsi.alignment import trained_mask
-from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.checkpoint import import_weights
 from terminal_rsi.credit import REWARD_TO_GO
 from terminal_rsi.evaluation.config import EvalConfig
 from terminal_rsi.evaluation.strata import StrataTable, fit_strata
 from terminal_rsi.evaluation.summary import summarize_suite
-from terminal_rsi.forward import critic_values
-from terminal_rsi.losses import explained_variance
 from terminal_rsi.models.loading import LoadedModel, load_model
 from terminal_rsi.models.transformer import ValueModel
-from terminal_rsi.progress import echo
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.runtime.atomic import atomic_write_json
+from terminal_rsi.runtime.exports import import_weights
+from terminal_rsi.runtime.progress import echo
 from terminal_rsi.tasks import get_suite
+from terminal_rsi.training.advantages import compute_advantages
+from terminal_rsi.training.alignment import trained_mask
+from terminal_rsi.training.forward import critic_values
+from terminal_rsi.training.losses import explained_variance
 
 SUITES = ("heldout_instances", "heldout_families")
 SUITE_SPLITS = {"heldout_instances": "test", "heldout_families": "heldout_families",
@@ -176,7 +176,7 @@ def run_suites(model: LoadedModel, tasks_by_suite: dict, config, workdir: str, *
     """Run every suite k times and summarize; writes `<suite>.jsonl` shards (process 0).
     With several processes, each samples its share of every suite's episodes with a local
     copy of the weights (`RolloutEngine.run`), and every process summarizes all of them. A
-    progress bar per suite (`terminal_rsi.progress`); one summary line per suite through
+    progress bar per suite (`terminal_rsi.runtime.progress`); one summary line per suite through
     `log` (EV n/a: no critic given, or no episode to measure it on)."""
     e = config.eval
     divisors = _divisors(config)

@@ -8,7 +8,7 @@
 - process reward: the fraction of a report's checks that passed, P / N (falls back to strict
   success S when the report has no checks), versus strict completion S.
 - explained variance of the critic: EV = 1 - Var(G - V) / Var(G) over generated tokens (§3.3;
-  distinct from squared correlation) is `terminal_rsi.losses.explained_variance`.
+  distinct from squared correlation) is `terminal_rsi.training.losses.explained_variance`.
 
 Attempts that produced no verdict (dropped episodes, runner errors) count as failures
 ("existing attempts without rewards count as failures", §3.4): callers fill them with 0.

@@ -32,7 +32,7 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.runtime.atomic import atomic_write_json
 
 STRATA = ("Q1", "Q2", "Q3", "Q4")
 STRATUM_NAMES = {"Q1": "Easy", "Q2": "Medium", "Q3": "Hard", "Q4": "Extreme"}

@@ -17,9 +17,9 @@ import os
 import jax
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.config.sections import Seeded
 from terminal_rsi.credit.diagnostic import METHOD_NAMES, check_seed, mean_over_seeds
-from terminal_rsi.sections import Seeded
+from terminal_rsi.runtime.atomic import atomic_write_json
 from terminal_rsi.settings import SettingError, setting
 
 

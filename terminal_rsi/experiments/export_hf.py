@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.config.sections import ActorWeights, ModelSource, Seeded
 from terminal_rsi.models.hf_export import MAX_SHARD_BYTES, ExportError, export_hf, model_type
 from terminal_rsi.models.loading import load_model
-from terminal_rsi.progress import echo
-from terminal_rsi.sections import ActorWeights, ModelSource, Seeded
+from terminal_rsi.models.trainable import has_adapters
+from terminal_rsi.runtime.atomic import atomic_write_json
+from terminal_rsi.runtime.progress import echo
 from terminal_rsi.settings import Section, setting
-from terminal_rsi.trainable import has_adapters
 
 MERGE_TOLERANCE = 1e-3  # largest logit change a float32 export with merged adapters may show
 PROBE = [{"role": "system", "content": "You are a terminal agent."},

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from terminal_rsi.config.sections import Seeded
 from terminal_rsi.report import ReportInputError, ReportOptions, build_report
-from terminal_rsi.sections import Seeded
 from terminal_rsi.settings import setting
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_bytes, atomic_write_json
+from terminal_rsi.config.sections import Seeded
 from terminal_rsi.rewards import (
     DEFAULT_HYGIENE,
     REWARD_NAMES,
@@ -30,7 +30,7 @@ from terminal_rsi.rewards import (
     rule_counts,
 )
 from terminal_rsi.rewards.rescore import calibrate_from_episodes, rescore, statement
-from terminal_rsi.sections import Seeded
+from terminal_rsi.runtime.atomic import atomic_write_bytes, atomic_write_json
 from terminal_rsi.settings import Section, setting
 
 # the small synthetic demo shipped with the package (terminal_rsi/rewards/data/)

@@ -18,13 +18,13 @@ import os
 from flax import nnx
 
 from terminal_rsi.agent import Policy, ReferencePolicy, RolloutEngine, write_shard
-from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.config.sections import BatchedRollout, Harness, Seeded, Tasks
 from terminal_rsi.models.config import get_model_config
 from terminal_rsi.models.loading import LoadedModel
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import REWARD_NAMES, EpisodeScorer
-from terminal_rsi.sections import BatchedRollout, Harness, Seeded, Tasks
+from terminal_rsi.runtime.atomic import atomic_write_json
 from terminal_rsi.settings import Section, setting
 from terminal_rsi.tasks import get_suite
 

@@ -30,14 +30,15 @@ from collections.abc import Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from terminal_rsi import compile_cache, progress, registry, sharding
-from terminal_rsi.atomic import atomic_write_text
-from terminal_rsi.configuration import (
+from terminal_rsi.config import registry
+from terminal_rsi.config.configuration import (
     ConfigError,
     config_file_name,
     unknown_override_message,
 )
 from terminal_rsi.models.source import check_model_source
+from terminal_rsi.runtime import compile_cache, progress, sharding
+from terminal_rsi.runtime.atomic import atomic_write_text
 from terminal_rsi.settings import SettingError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -142,7 +143,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 def _console_defaults() -> None:
     """Quiet library logging unless --verbosity was given (absl raises an unset verbosity to
     INFO, which floods the console with orbax's per-checkpoint lines), and hand --progress to
-    `terminal_rsi.progress` (its environment variable, so it holds in every module)."""
+    `terminal_rsi.runtime.progress` (its environment variable, so it holds in every module)."""
     if flags.FLAGS["verbosity"].using_default_value:
         flags.FLAGS.verbosity = QUIET_VERBOSITY
     if _PROGRESS.value is not None:

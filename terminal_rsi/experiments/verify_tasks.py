@@ -23,8 +23,8 @@ import json
 import os
 from collections.abc import Sequence
 
-from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.sections import Sandboxes, Seeded
+from terminal_rsi.config.sections import Sandboxes, Seeded
+from terminal_rsi.runtime.atomic import atomic_write_json
 from terminal_rsi.settings import setting
 from terminal_rsi.tasks.check_tasks import (
     VERDICTS,

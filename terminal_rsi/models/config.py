@@ -8,7 +8,7 @@ Presets (`get_model_config(name)`):
   9 query and 3 key/value heads of 64, SwiGLU 1536, rope θ 1e5, vocab 49152, tied embeddings.
 - `qwen3_27b_class`: a dense Qwen3-style shape of about 27 B parameters (64 layers,
   d_model 5120, 40 query / 8 key-value heads of 128, SwiGLU 21504, QK-norm, rope θ 1e6,
-  vocab 151936, untied), used abstractly for memory planning (`terminal_rsi.memory_plan`).
+  vocab 151936, untied), used abstractly for memory planning (`terminal_rsi.training.memory_plan`).
 """
 
 from __future__ import annotations

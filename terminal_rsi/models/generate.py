@@ -1,7 +1,7 @@
 """A minimal greedy decoder over the KV cache (reference and acceptance tests only).
 
 The real sampler (temperature, top-p, logprobs, batching of episodes) lives in
-`terminal_rsi/sampling.py`; this one shows the cache protocol end to end:
+`terminal_rsi/models/sampling.py`; this one shows the cache protocol end to end:
 prefill the padded prompt in one call, then one token per row per call.
 """
 

@@ -40,7 +40,7 @@ import numpy as np
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.lora import merge_adapters
 from terminal_rsi.models.tokenizer import HFTokenizer
-from terminal_rsi.trainable import has_adapters
+from terminal_rsi.models.trainable import has_adapters
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}

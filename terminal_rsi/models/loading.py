@@ -47,14 +47,14 @@ from typing import Any
 import jax
 from flax import nnx
 
-from terminal_rsi import multihost
-from terminal_rsi import sharding as shd
-from terminal_rsi.checkpoint import CheckpointError, import_weights
 from terminal_rsi.models import lora, weights
 from terminal_rsi.models.config import LORA_FIELDS, get_model_config
 from terminal_rsi.models.source import ModelSourceError, pretrained_source
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
 from terminal_rsi.models.transformer import DecoderLM, ValueModel
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.runtime.exports import CheckpointError, import_weights
 
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                 "d_ff", "max_seq_len")

@@ -9,7 +9,7 @@ adapter a [fan_in, r], b [r, fan_out] in float32, and the projection of x become
 The adapters live in the model's params under `.../attn/lora/<target>/{a,b}` and
 `.../mlp/lora/<target>/{a,b}`, so checkpoints, handoffs, resume and sampling carry them like
 any parameter. A params tree that holds adapters trains only them (and a critic's value head):
-`terminal_rsi.trainable.split_trainable` gives the part that gradients and the optimizer see,
+`terminal_rsi.models.trainable.split_trainable` gives the part that gradients and the optimizer see,
 the frozen leaves as None, and `join` puts the two back. A tree without adapters trains whole
 (full fine-tuning). `merge_adapters` folds W += (α / r)·a·b and drops the adapters (an export for
 serving, `terminal_rsi.models.hf_export`); `add_adapters` gives pretrained weights fresh ones.
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from terminal_rsi.models.config import LORA_TARGETS as TARGETS
-from terminal_rsi.trainable import ADAPTER_KEY, has_adapters
+from terminal_rsi.models.trainable import ADAPTER_KEY, has_adapters
 
 ATTN_TARGETS, MLP_TARGETS = TARGETS[:4], TARGETS[4:]
 

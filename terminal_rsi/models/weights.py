@@ -44,9 +44,9 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from terminal_rsi import sharding as shd
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel
+from terminal_rsi.runtime import sharding as shd
 
 
 class WeightLoadError(ValueError):

@@ -17,11 +17,11 @@ import os
 
 import jax
 
-from terminal_rsi.atomic import atomic_write_json
-from terminal_rsi.checkpoint import export_weights
+from terminal_rsi.config.sections import ActorWeights, ModelSource, Seeded
 from terminal_rsi.models.loading import load_model
 from terminal_rsi.models.transformer import critic_params_from_actor
-from terminal_rsi.sections import ActorWeights, ModelSource, Seeded
+from terminal_rsi.runtime.atomic import atomic_write_json
+from terminal_rsi.runtime.exports import export_weights
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,10 +17,10 @@ import dataclasses
 
 import ml_collections
 
-from terminal_rsi.configuration import schema_of
+from terminal_rsi.config.configuration import schema_of
+from terminal_rsi.config.sections import ACTION_FORMATS, TERMINALS, Seeded, TaskPool
 from terminal_rsi.pipeline.graph import BASES, STAGES
 from terminal_rsi.pipeline.scales import SCALES, get_scale
-from terminal_rsi.sections import ACTION_FORMATS, TERMINALS, Seeded, TaskPool
 from terminal_rsi.settings import Section, Setting, setting
 
 MODELS = ("tiny", "smollm2_135m")

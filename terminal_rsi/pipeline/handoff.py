@@ -16,17 +16,17 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from terminal_rsi import multihost
-from terminal_rsi.checkpoint import export_weights, read_weights
 from terminal_rsi.models.transformer import critic_params_from_actor
 from terminal_rsi.pipeline.graph import StageSpec
 from terminal_rsi.pipeline.resolve import PipelineError
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.exports import export_weights, read_weights
 
 
 def restore_export(export_dir: str, role: str):
     """The params of `<export_dir>/<role>` as saved (no target tree, no model config), as a
     host copy on every process (`multihost.host_copy`: with several processes every one
-    calls this together). Loads on any topology (`checkpoint.read_weights`)."""
+    calls this together). Loads on any topology (`exports.read_weights`)."""
     return multihost.host_copy(read_weights(export_dir, role))
 
 

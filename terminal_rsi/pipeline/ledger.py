@@ -26,8 +26,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from terminal_rsi import multihost
-from terminal_rsi.atomic import atomic_write_json
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.atomic import atomic_write_json
 
 FORMAT = "terminal_rsi.ledger/1"
 STATUSES = ("pending", "running", "done", "failed")

@@ -28,7 +28,7 @@ evaluation config (`eval_base_config`) is built from `configs/evaluate.py` with 
 settings. `config_hash` is what the runner compares to reuse a finished stage.
 
 Configs here are ml_collections ConfigDicts addressed by dotted paths (`get_path`,
-`has_path`, `set_path`); leaves are flattened with `terminal_rsi.configuration.flatten`.
+`has_path`, `set_path`); leaves are flattened with `terminal_rsi.config.configuration.flatten`.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from terminal_rsi import registry
-from terminal_rsi.configuration import ConfigError, config_file_name, flatten
+from terminal_rsi.config import registry
+from terminal_rsi.config.configuration import ConfigError, config_file_name, flatten
 from terminal_rsi.models.source import check_model_source
 from terminal_rsi.pipeline.config import Graph, ModelDims, PipelineEval, PipelineValidation
 from terminal_rsi.pipeline.graph import BASES, RPR1, STAGES, StageSpec

@@ -50,10 +50,8 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 
-from terminal_rsi import multihost, registry
-from terminal_rsi.atomic import atomic_write_json, atomic_write_text
-from terminal_rsi.checkpoint import candidate_exports
-from terminal_rsi.configuration import build
+from terminal_rsi.config import registry
+from terminal_rsi.config.configuration import build
 from terminal_rsi.evaluation.config import EvalConfig
 from terminal_rsi.evaluation.evaluate import evaluate
 from terminal_rsi.pipeline import plots
@@ -93,7 +91,10 @@ from terminal_rsi.pipeline.validation import (
     replace_exports,
     validation_config,
 )
-from terminal_rsi.progress import echo
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.atomic import atomic_write_json, atomic_write_text
+from terminal_rsi.runtime.exports import candidate_exports
+from terminal_rsi.runtime.progress import echo
 from terminal_rsi.tasks.registry import heldout_families_problem
 
 
@@ -395,7 +396,7 @@ class Pipeline:
 
     def candidates(self, name: str) -> list[tuple[int | None, str]]:
         """(step, export dir) of the actors stage `name` offers for model selection: its
-        candidates (`checkpoint.candidate_exports`) by step, then its final export (None)."""
+        candidates (`exports.candidate_exports`) by step, then its final export (None)."""
         return candidate_exports(self.stage_dir(name)) + [(None, self.export_dir(name))]
 
     def score_on_validation(self, name: str, step: int | None, actor_dir: str) -> dict:

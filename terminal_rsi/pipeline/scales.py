@@ -26,7 +26,7 @@ only for the stage it is derived from (`stages.rpr1_fdr`), never for the derived
 from __future__ import annotations
 
 from terminal_rsi.agent.formats import SHORT_SYSTEM_PROMPT
-from terminal_rsi.configuration import ConfigError
+from terminal_rsi.config.configuration import ConfigError
 from terminal_rsi.tasks.builtin import HELDOUT_FAMILIES
 
 # the tiny default's families and harness follow configs/base_sft.py (branch rsr): single-turn

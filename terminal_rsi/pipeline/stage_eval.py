@@ -11,14 +11,14 @@ import math
 import os
 from collections.abc import Mapping
 
-from terminal_rsi import multihost
 from terminal_rsi.agent import read_shard
-from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.evaluation.evaluate import critic_explained_variance, eval_tasks, load_critic
 from terminal_rsi.evaluation.strata import StrataTable, fit_strata
 from terminal_rsi.models.loading import model_config
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.rewards import FamilyDivisors, calibrate_family_divisors
-from terminal_rsi.sampling import Buckets
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.atomic import atomic_write_json
 from terminal_rsi.tasks import get_suite
 from terminal_rsi.tasks.registry import PROCEDURAL_SUITES
 

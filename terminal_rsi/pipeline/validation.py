@@ -20,7 +20,7 @@ says so:
 
 An RSR or RPR stage offers more than its final actor: with `validation.candidates` = C
 it exports C - 1 earlier actors, evenly spaced over the steps that train the actor
-(`candidates.count`, `checkpoint.candidate_steps`), at `<stage>/candidates/step_<n>/`. Each
+(`candidates.count`, `exports.candidate_steps`), at `<stage>/candidates/step_<n>/`. Each
 is scored on the same validation episodes as the final export (trajectories under
 `<stage>/validation/step_<n>/`); the best (a tie goes to the earliest) is the stage's actor,
 and the rule above compares it with the input. When an earlier candidate wins, it replaces

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_json
 from terminal_rsi.rewards.functions import REWARD_NAMES, get_reward_fn
+from terminal_rsi.runtime.atomic import atomic_write_json
 
 DEFAULT_FALLBACK = 82.0
 _FORMAT_TAG = "terminal_rsi.FamilyDivisors/1"

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from terminal_rsi.atomic import atomic_write_text
 from terminal_rsi.rewards.ctrf import (
     DEFAULT_HYGIENE,
     HygieneRule,
     VerificationReport,
     parse_ctrf,
 )
+from terminal_rsi.runtime.atomic import atomic_write_text
 
 _KEYS = {"episode_id", "family", "S", "report", "P", "N", "failed", "skipped", "pending",
          "other", "invalid_reason", "turns", "declared_done_turn"}

@@ -6,8 +6,8 @@
     <workdir>/tensorboard/events.out.tfevents.*     the metrics.jsonl scalars (tensorboardX)
     <workdir>/summary.json                          final statistics of the phase
 
-All files are written atomically (`terminal_rsi.atomic`). On resume, the files of steps after
-the restored checkpoint are removed (`prune_after`), like the metric lines.
+All files are written atomically (`terminal_rsi.runtime.atomic`). On resume, the files of steps
+after the restored checkpoint are removed (`prune_after`), like the metric lines.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from terminal_rsi import multihost
-from terminal_rsi.atomic import atomic_write_bytes
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.atomic import atomic_write_bytes
 
 # Keys and dtypes of `<step>.credit.npz` (contract C2).
 CREDIT_KEYS = {

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from terminal_rsi.credit import ESTIMATORS, AdvantageEstimator
-from terminal_rsi.losses import PPOConfig, PPOLoss
-from terminal_rsi.rewards import REWARD_NAMES
-from terminal_rsi.sections import (
+from terminal_rsi.config.sections import (
     LAPTOP_HARNESS,
     BatchedRollout,
     Candidates,
@@ -26,8 +23,11 @@ from terminal_rsi.sections import (
     Seeded,
     SplitTasks,
 )
+from terminal_rsi.credit import ESTIMATORS, AdvantageEstimator
+from terminal_rsi.rewards import REWARD_NAMES
 from terminal_rsi.settings import Section, setting
-from terminal_rsi.train_state import Optimizer
+from terminal_rsi.training.losses import PPOConfig, PPOLoss
+from terminal_rsi.training.train_state import Optimizer
 
 MODES = ("phase", "warmup_critic")
 CURRICULA = ("cyclic", "reward_variance")

@@ -77,23 +77,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from terminal_rsi import multihost
-from terminal_rsi import sharding as shd
 from terminal_rsi.agent import RolloutEngine
-from terminal_rsi.atomic import atomic_write_json, atomic_write_text
-from terminal_rsi.checkpoint import (
-    RunCheckpointer,
-    candidate_steps,
-    export_candidate,
-    export_weights,
-    prune_candidates,
-)
-from terminal_rsi.forward import make_logprob_fn, make_value_fn
-from terminal_rsi.losses import PPOConfig
 from terminal_rsi.models.loading import import_params, initial_actor_params, load_model
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
-from terminal_rsi.ppo_step import make_actor_step, make_critic_step
-from terminal_rsi.progress import echo, progress
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
 from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.config import PhaseConfig
@@ -107,8 +94,21 @@ from terminal_rsi.rpr.steps import (
     run_step,
     save_checkpoint,
 )
-from terminal_rsi.sampling import Buckets
-from terminal_rsi.train_state import OptimizerConfig, TrainState, create_train_state
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.runtime.atomic import atomic_write_json, atomic_write_text
+from terminal_rsi.runtime.exports import (
+    candidate_steps,
+    export_candidate,
+    export_weights,
+    prune_candidates,
+)
+from terminal_rsi.runtime.progress import echo, progress
+from terminal_rsi.training.checkpoint import RunCheckpointer
+from terminal_rsi.training.forward import make_logprob_fn, make_value_fn
+from terminal_rsi.training.losses import PPOConfig
+from terminal_rsi.training.ppo_step import make_actor_step, make_critic_step
+from terminal_rsi.training.train_state import OptimizerConfig, TrainState, create_train_state
 
 # the experiment's typed config: every setting, its default and what it allows
 # (terminal_rsi.rpr.config); `run` receives an instance built from the ConfigDict

@@ -35,8 +35,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from terminal_rsi import multihost
-from terminal_rsi.advantages import prepare_ppo_batch, whiten_advantages
 from terminal_rsi.agent import (
     RolloutEngine,
     RolloutResult,
@@ -44,18 +42,20 @@ from terminal_rsi.agent import (
     pack_trajectories,
 )
 from terminal_rsi.agent.trajectory import gather_trajectories, read_shard, write_shard
-from terminal_rsi.alignment import trained_mask
-from terminal_rsi.checkpoint import RunCheckpointer
 from terminal_rsi.credit import AdvantageEstimator
-from terminal_rsi.logprobs import logprob_gap
-from terminal_rsi.losses import explained_variance
+from terminal_rsi.models.logprobs import logprob_gap
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors
 from terminal_rsi.rpr import artifacts
 from terminal_rsi.rpr.curriculum import Curriculum
 from terminal_rsi.rpr.update import grouped_forward, minibatch_rows, ppo_update, update_widths
-from terminal_rsi.sampling import Buckets
+from terminal_rsi.runtime import multihost
 from terminal_rsi.tasks import pool_tasks
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.training.advantages import prepare_ppo_batch, whiten_advantages
+from terminal_rsi.training.alignment import trained_mask
+from terminal_rsi.training.checkpoint import RunCheckpointer
+from terminal_rsi.training.losses import explained_variance
+from terminal_rsi.training.train_state import TrainState
 
 PACKED_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "rewards", "dones",
                "turn_ids")

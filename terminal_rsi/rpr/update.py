@@ -21,7 +21,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.training.train_state import TrainState
 
 # `step(state, minibatch) -> (state, metrics)`: `ppo_step.make_actor_step` / `make_critic_step`
 Step = Callable[[TrainState, dict], tuple[TrainState, dict]]

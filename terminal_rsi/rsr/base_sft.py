@@ -37,21 +37,21 @@ from typing import Any
 
 import numpy as np
 
-from terminal_rsi import multihost
 from terminal_rsi.agent import RolloutEngine, write_shard
-from terminal_rsi.checkpoint import export_weights
-from terminal_rsi.losses import Aggregation
 from terminal_rsi.models.loading import load_model
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.models.transformer import critic_params_from_actor
-from terminal_rsi.progress import echo, progress
 from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.config import BaseSFTConfig
 from terminal_rsi.rsr.guidance import execution_harness
 from terminal_rsi.rsr.runbook import digest_runbook
 from terminal_rsi.rsr.sft import make_sft_step, train_sft
-from terminal_rsi.sampling import Buckets
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.exports import export_weights
+from terminal_rsi.runtime.progress import echo, progress
 from terminal_rsi.tasks import pool_tasks
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.training.losses import Aggregation
+from terminal_rsi.training.train_state import TrainState
 
 # the experiment's typed config: every setting, its default and what it allows
 # (terminal_rsi.rsr.config); `run` receives an instance built from the ConfigDict

@@ -14,16 +14,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from terminal_rsi import multihost
 from terminal_rsi.agent import (
     ScriptedPolicy,
     reference_action,
 )
-from terminal_rsi.atomic import atomic_write_text
 from terminal_rsi.models.loading import initial_actor_params
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer
-from terminal_rsi.train_state import (
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.atomic import atomic_write_text
+from terminal_rsi.training.train_state import (
     OptimizerConfig,
     create_train_state,
     init_opt_state,

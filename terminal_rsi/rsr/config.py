@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from terminal_rsi.sections import (
+from terminal_rsi.config.sections import (
     LAPTOP_HARNESS,
     Candidates,
     Harness,
@@ -21,7 +21,7 @@ from terminal_rsi.sections import (
     TrainTasks,
 )
 from terminal_rsi.settings import Section, setting
-from terminal_rsi.train_state import DecayingOptimizer
+from terminal_rsi.training.train_state import DecayingOptimizer
 
 AGGREGATIONS = ("sequence_sum", "token_mean", "sample_mean")
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from terminal_rsi import multihost
 from terminal_rsi.agent.engine import stream_namespace
 from terminal_rsi.agent.harness import GenerationRequest, SamplingSettings, safe_decode
 from terminal_rsi.rsr.discovery import clean_text, clean_trajectory, executed_commands
@@ -35,6 +34,7 @@ from terminal_rsi.rsr.runbook import (
     RunbookError,
     digest_runbook,
 )
+from terminal_rsi.runtime import multihost
 
 PLAN_STREAMS = stream_namespace("plan")  # the random streams of the policy planner's samples
 PLAN_INSTRUCTION = (

@@ -4,17 +4,17 @@
     actor, metrics = step(actor, batch)      # batch: SFT_KEYS, [B, L] arrays (packing)
     actor, rows = train_sft(actor, trajs, step, num_steps=50, batch_size=8, rng=rng)
 
-L_RSR(θ) = -E_Q Σ_j m_j log π_θ(y_j | h_j): `terminal_rsi.losses.sft_loss` on the actor's
-token log-probabilities (`terminal_rsi.forward.actor_logprobs`, the same alignment as PPO),
+L_RSR(θ) = -E_Q Σ_j m_j log π_θ(y_j | h_j): `terminal_rsi.training.losses.sft_loss` on the actor's
+token log-probabilities (`terminal_rsi.training.forward.actor_logprobs`, the same alignment as PPO),
 with m_j = `gen_mask` (the policy-generated decisions; prompt, observation and padding
 positions carry no loss) ∧ `alignment.predictable_mask`. The step is jitted with the state
 donated and accumulates gradients exactly over `num_microbatches` slices
-(`terminal_rsi.grad_accum.accumulate_gradients`); it never touches a critic.
+(`terminal_rsi.training.grad_accum.accumulate_gradients`); it never touches a critic.
 
 Trust region (`kl_coef` > 0, the `rsr` stage's `sft.kl_coef`): the loss gains
 kl_coef · KL(π_θ(·|h_j) ‖ π_in(·|h_j)) at the same supervised positions, aggregated with the
-same weights (`terminal_rsi.losses.kl_to_reference`), where π_in are the frozen params passed
-to the step (`step(actor, batch, ref_params=input_params)`). It needs the full [B, L, V]
+same weights (`terminal_rsi.training.losses.kl_to_reference`), where π_in are the frozen params
+passed to the step (`step(actor, batch, ref_params=input_params)`). It needs the full [B, L, V]
 logits of both actors (one more forward pass); with kl_coef = 0 the step is the plain Eq. 3
 step and ignores `ref_params`.
 
@@ -34,12 +34,18 @@ import numpy as np
 import optax
 
 from terminal_rsi.agent import pack_trajectories
-from terminal_rsi.alignment import token_logprobs, trained_mask
-from terminal_rsi.forward import actor_logits, actor_logprobs
-from terminal_rsi.grad_accum import accumulate_gradients, jit_update
-from terminal_rsi.losses import Aggregation, LossParts, kl_to_reference, safe_divide, sft_loss
-from terminal_rsi.progress import progress
-from terminal_rsi.train_state import TrainState, apply_gradients
+from terminal_rsi.runtime.progress import progress
+from terminal_rsi.training.alignment import token_logprobs, trained_mask
+from terminal_rsi.training.forward import actor_logits, actor_logprobs
+from terminal_rsi.training.grad_accum import accumulate_gradients, jit_update
+from terminal_rsi.training.losses import (
+    Aggregation,
+    LossParts,
+    kl_to_reference,
+    safe_divide,
+    sft_loss,
+)
+from terminal_rsi.training.train_state import TrainState, apply_gradients
 
 SFT_KEYS = ("tokens", "positions", "segment_ids", "gen_mask")
 
@@ -175,7 +181,7 @@ def train_sft(state: TrainState, trajectories: Sequence, step_fn, *, num_steps: 
     replacement (or by `sampler(rng, batch_size)`, e.g. a curriculum), packed to `width`
     (None: the bucketed batch maximum, a new compile per new shape). Returns (state,
     per-step metric dicts with "step", "loss", "nll_per_token", "tokens", "grad_norm",
-    "step_s"). Progress: a bar of these steps (`terminal_rsi.progress`), or `bar`, one the
+    "step_s"). Progress: a bar of these steps (`terminal_rsi.runtime.progress`), or `bar`, one the
     caller keeps across several calls (advanced by one per step, left open). `on_state(k,
     state)` sees the state after step k (e.g. to export a candidate actor)."""
     if not trajectories and sampler is None:

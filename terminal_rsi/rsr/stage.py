@@ -62,16 +62,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from terminal_rsi import multihost
 from terminal_rsi.agent import HarnessConfig, RolloutEngine, write_shard
-from terminal_rsi.checkpoint import (
-    candidate_steps,
-    export_candidate,
-    export_weights,
-    prune_candidates,
-)
-from terminal_rsi.losses import Aggregation
 from terminal_rsi.models.loading import import_params, load_model
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.models.transformer import critic_params_from_actor
 from terminal_rsi.rsr import common as cm
 from terminal_rsi.rsr.config import RSRConfig
@@ -80,9 +73,16 @@ from terminal_rsi.rsr.guidance import EXEC_INSTRUCTION, execution_harness, publi
 from terminal_rsi.rsr.planner import make_planner, plan_successes
 from terminal_rsi.rsr.reviewer import Reviewer, leak_screen, privileged_strings
 from terminal_rsi.rsr.sft import fixed_width, make_nll_fn, make_sft_step, mean_nll, train_sft
-from terminal_rsi.sampling import Buckets
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.exports import (
+    candidate_steps,
+    export_candidate,
+    export_weights,
+    prune_candidates,
+)
 from terminal_rsi.tasks import pool_tasks
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.training.losses import Aggregation
+from terminal_rsi.training.train_state import TrainState
 
 # the experiment's typed config: every setting, its default and what it allows
 # (terminal_rsi.rsr.config); `run` receives an instance built from the ConfigDict

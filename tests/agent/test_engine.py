@@ -7,7 +7,6 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from terminal_rsi import sharding as shd
 from terminal_rsi.agent import (
     HarnessConfig,
     ReferencePolicy,
@@ -20,6 +19,7 @@ from terminal_rsi.models.loading import LoadedModel
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer
+from terminal_rsi.runtime import sharding as shd
 from terminal_rsi.tasks import get_suite
 
 TOK = ByteTokenizer()

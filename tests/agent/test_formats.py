@@ -24,9 +24,9 @@ from terminal_rsi.agent.harness import (
     run_episode,
     safe_decode,
 )
+from terminal_rsi.config.sections import ACTION_FORMATS, TERMINALS
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rsr.discovery import executed_commands
-from terminal_rsi.sections import ACTION_FORMATS, TERMINALS
 from terminal_rsi.tasks import get_suite
 
 TOK = ByteTokenizer()

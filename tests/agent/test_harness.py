@@ -13,14 +13,14 @@ from terminal_rsi.agent import (
     pack_trajectories,
 )
 from terminal_rsi.agent.harness import reference_action, run_episode
+from terminal_rsi.config.sections import Harness, NucleusHarness
 from terminal_rsi.evaluation.config import EvalHarness
 from terminal_rsi.experiments.rollouts import RolloutsHarness
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rewards import EpisodeScorer
 from terminal_rsi.rsr.config import TargetHarness
-from terminal_rsi.sampling import Buckets
 from terminal_rsi.sandbox import BadRequest, InfrastructureError, SandboxLost
-from terminal_rsi.sections import Harness, NucleusHarness
 from terminal_rsi.settings import SettingError, shared_section, specs
 from terminal_rsi.tasks import get_suite, open_task_sandbox
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from terminal_rsi.agent import HarnessConfig, read_shard
-from terminal_rsi.configuration import ConfigError, validate_config
-from terminal_rsi.registry import get_experiment
+from terminal_rsi.config.configuration import ConfigError, validate_config
+from terminal_rsi.config.registry import get_experiment
 
 
 def _config():

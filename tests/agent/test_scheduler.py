@@ -19,12 +19,12 @@ from terminal_rsi.agent.scheduler import (
     RolloutScheduler,
     SchedulerConfig,
 )
-from terminal_rsi.logprobs import chunked_token_logprobs, logprob_gap
 from terminal_rsi.models.config import ModelConfig
+from terminal_rsi.models.logprobs import chunked_token_logprobs, logprob_gap
+from terminal_rsi.models.sampling import Buckets, Sampler
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM
 from terminal_rsi.rewards import EpisodeScorer, FamilyDivisors, VerificationReport, fdr
-from terminal_rsi.sampling import Buckets, Sampler
 from terminal_rsi.tasks import get_suite
 
 TOK = ByteTokenizer()

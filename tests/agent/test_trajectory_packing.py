@@ -20,7 +20,7 @@ from terminal_rsi.agent import (
 )
 from terminal_rsi.agent.packing import check_packed
 from terminal_rsi.credit import tb_gae
-from terminal_rsi.sampling import Buckets
+from terminal_rsi.models.sampling import Buckets
 
 BUCKETS = Buckets(prefill_chunk=8, cache_multiple=8, batch_multiple=4, power_of_two=False)
 

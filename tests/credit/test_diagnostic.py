@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs.credit_diagnostic import get_config
-from terminal_rsi.configuration import ConfigError, build
+from terminal_rsi.config.configuration import ConfigError, build
 from terminal_rsi.credit.diagnostic import check_seed, mean_over_seeds
 from terminal_rsi.experiments.credit_diagnostic import CreditDiagnosticConfig
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from terminal_rsi import configdoc, registry
-from terminal_rsi.configuration import flatten
+from terminal_rsi.config import configdoc, registry
+from terminal_rsi.config.configuration import flatten
 
 # module/session-scoped fixtures are expensive: keep these tests on one xdist worker
 pytestmark = pytest.mark.xdist_group("configdoc")
@@ -25,7 +25,7 @@ def test_docs_configs_md_is_current(text):
     with open(configdoc.DOC_PATH, encoding="utf-8") as f:
         current = f.read()
     assert current == text, ("docs/configs.md is stale: regenerate it with "
-                             "`python -m terminal_rsi.configdoc`")
+                             "`python -m terminal_rsi.config.configdoc`")
 
 
 def test_every_field_of_every_config_has_a_row_with_its_default(text):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import re
 
-from terminal_rsi import registry
-from terminal_rsi.configdoc import load_config
+from terminal_rsi.config import registry
+from terminal_rsi.config.configdoc import load_config
 from tests.tasks.conftest import need_task_image
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

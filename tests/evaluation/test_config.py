@@ -3,7 +3,7 @@
 import pytest
 
 from configs.evaluate import get_config as evaluate_config
-from terminal_rsi.configuration import build
+from terminal_rsi.config.configuration import build
 from terminal_rsi.evaluation.config import EvalConfig, EvalTasks
 from terminal_rsi.settings import SettingError
 from terminal_rsi.tasks.builtin import HELDOUT_FAMILIES, TERMINAL_HELDOUT_FAMILIES

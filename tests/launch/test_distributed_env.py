@@ -7,8 +7,8 @@ import jax
 import ml_collections
 import pytest
 
-from terminal_rsi import sharding
-from terminal_rsi.configuration import distributed_config
+from terminal_rsi.config.configuration import distributed_config
+from terminal_rsi.runtime import sharding
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def test_script_runs_two_jax_processes_through_srun(tmp_path):
     probe.write_text(
         "import json, os, sys\n"
         f"sys.path.insert(0, {REPO!r})\n"
-        "from terminal_rsi import sharding\n"
+        "from terminal_rsi.runtime import sharding\n"
         "import jax\n"
         "ran = sharding.maybe_initialize_distributed({})\n"
         "rec = dict(ran=ran, index=jax.process_index(), count=jax.process_count(),\n"

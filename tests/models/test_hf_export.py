@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from terminal_rsi import sharding as shd
-from terminal_rsi.configuration import build, config_dict
+from terminal_rsi.config.configuration import build, config_dict
 from terminal_rsi.experiments import export_hf as experiment
 from terminal_rsi.models import hf_export, loading, source, weights
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError
 from terminal_rsi.models.transformer import DecoderLM
+from terminal_rsi.runtime import sharding as shd
 
 from .reference import CHAT_TEMPLATE, numpy_logits, random_hf_weights, train_bpe, write_tiny_gguf
 

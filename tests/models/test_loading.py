@@ -72,7 +72,7 @@ def test_gguf_gives_tokenizer_template_shape_and_weights(tiny_gguf):
 
 
 def test_actor_weights_replace_the_gguf_weights(tiny_gguf, tmp_path):
-    from terminal_rsi.checkpoint import export_weights
+    from terminal_rsi.runtime.exports import export_weights
 
     path = tiny_gguf[0]
     base = loading.load_model(_config(gguf=path), params=True)

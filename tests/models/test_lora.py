@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from terminal_rsi import sharding as shd
-from terminal_rsi import train_state as ts
-from terminal_rsi import trainable as tr
-from terminal_rsi.checkpoint import export_weights
-from terminal_rsi.grad_accum import accumulate_gradients
-from terminal_rsi.losses import LossParts
+from terminal_rsi.config.sections import ModelSource
 from terminal_rsi.models import hf_export, loading, lora, weights
+from terminal_rsi.models import trainable as tr
 from terminal_rsi.models.config import LORA_TARGETS, ModelConfig, ModelConfigError
 from terminal_rsi.models.tokenizer import HFTokenizer
 from terminal_rsi.models.transformer import DecoderLM, ValueModel, critic_params_from_actor
-from terminal_rsi.sections import ModelSource
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.runtime.exports import export_weights
 from terminal_rsi.settings import SettingError
+from terminal_rsi.training import train_state as ts
+from terminal_rsi.training.grad_accum import accumulate_gradients
+from terminal_rsi.training.losses import LossParts
 
 from .reference import CHAT_TEMPLATE, numpy_logits, random_hf_weights, train_bpe, write_tiny_gguf
 
@@ -264,7 +264,7 @@ def test_lora_settings_are_checked_where_they_are_set():
 
 def test_the_sampler_runs_merged_weights_and_matches_the_adapted_model(hf_base):
     from terminal_rsi.agent.harness import SamplerPolicy
-    from terminal_rsi.sampling import Sampler
+    from terminal_rsi.models.sampling import Sampler
 
     _, base = hf_base
     tuned = _random_b(lora.add_adapters(base, LORA, seed=2))

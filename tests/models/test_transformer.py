@@ -191,7 +191,7 @@ class ValueModelTest(parameterized.TestCase):
         np.testing.assert_allclose(critic(toks[None])[0], want, atol=1e-4)
 
     def test_critic_params_from_actor_pure(self):
-        from terminal_rsi import sharding as shd
+        from terminal_rsi.runtime import sharding as shd
 
         rng = np.random.default_rng(0)
 

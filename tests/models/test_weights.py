@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from terminal_rsi import sharding as shd
 from terminal_rsi.models import weights
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel
+from terminal_rsi.runtime import sharding as shd
 
 from .reference import numpy_hidden, numpy_logits, random_hf_weights, train_bpe, write_gguf
 

@@ -42,7 +42,7 @@ SLOW = {"02_tiny_pipeline.ipynb"}
     pytest.param(p, marks=[pytest.mark.slow] if os.path.basename(p) in SLOW else [])
     for p in NOTEBOOKS], ids=os.path.basename)
 def test_notebook_executes(path, tmp_path, monkeypatch):
-    from terminal_rsi import registry
+    from terminal_rsi.config import registry
 
     need = NEEDS.get(os.path.basename(path))
     if need and need not in registry.EXPERIMENTS:

@@ -2,8 +2,8 @@
 
 import os
 
+from terminal_rsi.config.configuration import validate_config
 from terminal_rsi.configs.rpr2_spr import get_config
-from terminal_rsi.configuration import validate_config
 from terminal_rsi.pipeline.config import SCHEMA, resolved
 
 

@@ -8,14 +8,14 @@ import pytest
 
 from terminal_rsi.agent.formats import get_format
 from terminal_rsi.agent.harness import HarnessConfig
+from terminal_rsi.config.configuration import ConfigError, flatten, validate_config
+from terminal_rsi.config.registry import get_experiment
 from terminal_rsi.configs.rpr2_spr import get_config
-from terminal_rsi.configuration import ConfigError, flatten, validate_config
 from terminal_rsi.pipeline import graph as G
 from terminal_rsi.pipeline import ledger as L
 from terminal_rsi.pipeline.config import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline, PipelineError
 from terminal_rsi.pipeline.stage_eval import train_stats
-from terminal_rsi.registry import get_experiment
 
 
 def _config(**pipeline):
@@ -260,7 +260,7 @@ def test_validate_ledger_rejects(tmp_path, mutate, match):
                                   "rpr2_fdr", "evaluate", "eval_smollm2", "base_weights",
                                   "rpr2_spr_smollm2"])
 def test_config_files_validate(name):
-    from terminal_rsi import registry
+    from terminal_rsi.config import registry
     from terminal_rsi.pipeline.resolve import load_config_file
 
     c = load_config_file(f"configs/{name}.py")

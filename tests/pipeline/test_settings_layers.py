@@ -8,10 +8,10 @@ import pathlib
 
 import pytest
 
+from terminal_rsi.config.configuration import validate_config
 from terminal_rsi.configs.rpr1_fdr import get_config as rpr1_config
 from terminal_rsi.configs.rpr2_fdr import get_config as rpr2_config
 from terminal_rsi.configs.rpr2_spr import get_config
-from terminal_rsi.configuration import validate_config
 from terminal_rsi.experiments.run import config_file, with_packaged_config
 from terminal_rsi.pipeline import ledger as L
 from terminal_rsi.pipeline import resolve as R

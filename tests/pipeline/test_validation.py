@@ -7,12 +7,6 @@ import os
 import numpy as np
 import pytest
 
-from terminal_rsi.checkpoint import (
-    candidate_exports,
-    candidate_steps,
-    export_candidate,
-    prune_candidates,
-)
 from terminal_rsi.pipeline.graph import STAGES
 from terminal_rsi.pipeline.handoff import restore_export
 from terminal_rsi.pipeline.ledger import DECISIONS, LedgerError, validate_ledger
@@ -22,6 +16,12 @@ from terminal_rsi.pipeline.validation import (
     decide,
     has_validation_split,
     replace_exports,
+)
+from terminal_rsi.runtime.exports import (
+    candidate_exports,
+    candidate_steps,
+    export_candidate,
+    prune_candidates,
 )
 from terminal_rsi.tasks import get_suite
 from terminal_rsi.tasks.builtin import heldout_seed, instance, validation_seed

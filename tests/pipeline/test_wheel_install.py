@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
+from terminal_rsi.config.configuration import validate_config
 from terminal_rsi.configs.rpr2_spr import get_config
-from terminal_rsi.configuration import validate_config
 from terminal_rsi.pipeline.config import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline
 
@@ -31,7 +31,7 @@ sys.meta_path[:] = [f for f in sys.meta_path
                     if not getattr(f, "__module__", "").startswith("__editable__")]
 import terminal_rsi
 from terminal_rsi.configs.rpr2_spr import get_config
-from terminal_rsi.configuration import validate_config
+from terminal_rsi.config.configuration import validate_config
 from terminal_rsi.pipeline.config import SCHEMA, resolved
 from terminal_rsi.pipeline.runner import Pipeline
 

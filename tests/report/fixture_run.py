@@ -22,9 +22,9 @@ from terminal_rsi.agent import HarnessConfig, ReferencePolicy, ScriptedPolicy, w
 from terminal_rsi.agent.harness import run_episode
 from terminal_rsi.agent.packing import pack_trajectories
 from terminal_rsi.credit import tb_gae
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rewards import EpisodeScorer
-from terminal_rsi.sampling import Buckets
 from terminal_rsi.tasks import get_suite
 
 TOK = ByteTokenizer()

@@ -12,8 +12,8 @@ import sys
 import pytest
 from rewards_testutil import LEGACY_REPORT
 
-from terminal_rsi import registry
-from terminal_rsi.configuration import validate_config
+from terminal_rsi.config import registry
+from terminal_rsi.config.configuration import validate_config
 from terminal_rsi.rewards import (
     EpisodeFormatError,
     EpisodeOutcome,

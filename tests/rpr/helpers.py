@@ -5,11 +5,11 @@ import functools
 import jax
 import numpy as np
 
-from terminal_rsi import registry
+from terminal_rsi.config import registry
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.transformer import DecoderLM, ValueModel
 from terminal_rsi.rewards import EpisodeScorer
-from terminal_rsi.train_state import OptimizerConfig, create_train_state
+from terminal_rsi.training.train_state import OptimizerConfig, create_train_state
 
 TINY = ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                    head_dim=16, d_ff=64, max_seq_len=64)
@@ -61,8 +61,8 @@ def toy_batch(b=4, length=12, seed=0):
 @functools.cache
 def joint_step(num_microbatches=1):
     """One compiled non-donating RPR step per microbatch count, shared by the test modules."""
-    from terminal_rsi.losses import PPOConfig
-    from terminal_rsi.ppo_step import make_rpr_step
+    from terminal_rsi.training.losses import PPOConfig
+    from terminal_rsi.training.ppo_step import make_rpr_step
 
     return make_rpr_step(PPOConfig(), num_microbatches=num_microbatches, donate=False)
 
@@ -81,17 +81,17 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
         reference_action,
         run_episode,
     )
-    from terminal_rsi.alignment import predictable_mask
-    from terminal_rsi.checkpoint import export_weights
-    from terminal_rsi.forward import actor_logprobs
-    from terminal_rsi.losses import Aggregation, sft_loss
     from terminal_rsi.models.loading import model_config
+    from terminal_rsi.models.sampling import Buckets
     from terminal_rsi.models.tokenizer import ByteTokenizer
     from terminal_rsi.rpr.phase import initial_states
     from terminal_rsi.rpr.steps import config_tasks
-    from terminal_rsi.sampling import Buckets
+    from terminal_rsi.runtime.exports import export_weights
     from terminal_rsi.tasks import open_task_sandbox
-    from terminal_rsi.train_state import make_update_step
+    from terminal_rsi.training.alignment import predictable_mask
+    from terminal_rsi.training.forward import actor_logprobs
+    from terminal_rsi.training.losses import Aggregation, sft_loss
+    from terminal_rsi.training.train_state import make_update_step
 
     tok = ByteTokenizer()
     h = config.harness
@@ -121,7 +121,7 @@ def warm_start_actor(config, export_dir, *, sft_steps, learning_rate=1e-2, wrong
         return parts.total / parts.denom, {}
 
     from terminal_rsi.models.transformer import DecoderLM
-    from terminal_rsi.train_state import OptimizerConfig, create_train_state
+    from terminal_rsi.training.train_state import OptimizerConfig, create_train_state
 
     actor, _ = initial_states(config, model_config(config))
     state = create_train_state(DecoderLM, model_config(config),

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from terminal_rsi import checkpoint as ck
-from terminal_rsi.advantages import prepare_ppo_batch
+from terminal_rsi.runtime import exports as ex
+from terminal_rsi.training import checkpoint as ck
+from terminal_rsi.training.advantages import prepare_ppo_batch
 from tests.rpr.helpers import joint_step, states, toy_batch
 
 # module-scoped fixtures are expensive: keep this module on one xdist worker
@@ -86,38 +87,38 @@ def test_partial_tmp_checkpoint_is_ignored(tmp_path, trained):
 def test_restore_without_checkpoint_is_typed(tmp_path, trained):
     actor, critic = trained
     with ck.RunCheckpointer(tmp_path / "empty") as mgr, pytest.raises(
-            ck.CheckpointError, match="no complete checkpoint"):
+            ex.CheckpointError, match="no complete checkpoint"):
         mgr.restore(actor=actor, critic=critic)
 
 
 def test_weights_only_roundtrip(tmp_path, trained):
     actor, critic = trained
-    ck.export_weights(tmp_path, "actor", actor.params)
-    ck.export_weights(tmp_path, "critic", critic.params)
+    ex.export_weights(tmp_path, "actor", actor.params)
+    ex.export_weights(tmp_path, "critic", critic.params)
     assert sorted(os.listdir(tmp_path)) == ["actor", "critic"]
     fresh_actor, fresh_critic = _other(actor), _other(critic)
-    got_a = ck.import_weights(tmp_path, "actor", fresh_actor.params)
-    got_c = ck.import_weights(tmp_path, "critic", jax.eval_shape(lambda: fresh_critic.params))
+    got_a = ex.import_weights(tmp_path, "actor", fresh_actor.params)
+    got_c = ex.import_weights(tmp_path, "critic", jax.eval_shape(lambda: fresh_critic.params))
     _assert_same(got_a, actor.params)
     _assert_same(got_c, critic.params)
     # A handoff: new optimizer state, imported weights.
     handed = states()[0].replace(params=got_a)  # fresh optimizer, imported weights
     assert int(handed.step) == 0
     _assert_same(handed.params, actor.params)
-    with pytest.raises(ck.CheckpointError, match="no critic weights"):
-        ck.import_weights(tmp_path / "nowhere", "critic", critic.params)
-    with pytest.raises(ck.CheckpointError, match="role"):
-        ck.export_weights(tmp_path, "reward_model", actor.params)
+    with pytest.raises(ex.CheckpointError, match="no critic weights"):
+        ex.import_weights(tmp_path / "nowhere", "critic", critic.params)
+    with pytest.raises(ex.CheckpointError, match="role"):
+        ex.export_weights(tmp_path, "reward_model", actor.params)
     # no target at all: the tree as saved, from the checkpoint's metadata (tests/test_multihost
     # reads a two-process export this way on one process)
     def by_path(tree):  # orbax saves integer dict keys (layer indices) as strings
         return {jax.tree_util.keystr(k).replace("'", ""): np.asarray(x)
                 for k, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
-    got, want = by_path(ck.read_weights(tmp_path, "actor")), by_path(actor.params)
+    got, want = by_path(ex.read_weights(tmp_path, "actor")), by_path(actor.params)
     assert sorted(got) == sorted(want)
     for k in want:
         assert got[k].dtype == want[k].dtype
         np.testing.assert_array_equal(got[k], want[k])
-    with pytest.raises(ck.CheckpointError, match="no actor weights"):
-        ck.read_weights(tmp_path / "nowhere", "actor")
+    with pytest.raises(ex.CheckpointError, match="no actor weights"):
+        ex.read_weights(tmp_path / "nowhere", "actor")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from terminal_rsi.losses import (
+from terminal_rsi.settings import SettingError, specs
+from terminal_rsi.training.losses import (
     Aggregation,
     LossConfigError,
     PPOConfig,
@@ -21,7 +22,6 @@ from terminal_rsi.losses import (
     ppo_policy_loss,
     sft_loss,
 )
-from terminal_rsi.settings import SettingError, specs
 
 AGGS = tuple(Aggregation)
 

@@ -330,7 +330,7 @@ def test_phase_from_a_gguf_model(tmp_path):
 def test_actor_warmup_steps_reach_the_actor_optimizer():
     """actor_opt.warmup_steps ramps the actor rate linearly from 0 over the phase's first
     actor updates; 0 keeps the constant rate."""
-    from terminal_rsi.train_state import OptimizerConfig, lr_schedule
+    from terminal_rsi.training.train_state import OptimizerConfig, lr_schedule
 
     c = get_config()
     c.actor_opt.warmup_steps = 4
@@ -352,11 +352,10 @@ def test_phase_with_lora_adapters_trains_only_them_and_resumes(tmp_path):
     leaves every pretrained weight bit-identical, the export keeps the adapters, and a run
     stopped after its first step resumes to the uninterrupted run's weights."""
     pytest.importorskip("gguf")
-    from terminal_rsi import trainable
-    from terminal_rsi.checkpoint import import_weights
-    from terminal_rsi.models import lora, weights
+    from terminal_rsi.models import lora, trainable, weights
     from terminal_rsi.models.loading import model_config
     from terminal_rsi.rpr.phase import initial_states
+    from terminal_rsi.runtime.exports import import_weights
     from tests.models.reference import write_tiny_gguf
 
     path = str(tmp_path / "tiny.gguf")

@@ -6,13 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from terminal_rsi import ppo_step as ps
-from terminal_rsi.advantages import compute_advantages, prepare_ppo_batch
-from terminal_rsi.alignment import predictable_mask, token_logprobs
 from terminal_rsi.credit import TokenGAE, TurnBoundaryGAE
-from terminal_rsi.forward import actor_logprobs, make_logprob_fn, make_value_fn
-from terminal_rsi.grad_accum import BatchError
-from terminal_rsi.losses import Aggregation, PPOConfig
+from terminal_rsi.training import ppo_step as ps
+from terminal_rsi.training.advantages import compute_advantages, prepare_ppo_batch
+from terminal_rsi.training.alignment import predictable_mask, token_logprobs
+from terminal_rsi.training.forward import actor_logprobs, make_logprob_fn, make_value_fn
+from terminal_rsi.training.grad_accum import BatchError
+from terminal_rsi.training.losses import Aggregation, PPOConfig
 from tests.rpr.helpers import joint_step, states, toy_batch
 
 # module-scoped fixtures are expensive: keep this module on one xdist worker

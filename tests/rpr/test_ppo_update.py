@@ -6,10 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from terminal_rsi.advantages import prepare_ppo_batch
-from terminal_rsi.losses import PPOConfig
-from terminal_rsi.ppo_step import make_actor_step, make_critic_step
 from terminal_rsi.rpr.update import minibatch_rows, ppo_update, take_rows, update_widths
+from terminal_rsi.training.advantages import prepare_ppo_batch
+from terminal_rsi.training.losses import PPOConfig
+from terminal_rsi.training.ppo_step import make_actor_step, make_critic_step
 from tests.rpr.helpers import states, toy_batch
 
 pytestmark = pytest.mark.xdist_group("rpr_ppo_step")

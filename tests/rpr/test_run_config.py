@@ -4,7 +4,7 @@ import json
 import os
 import types
 
-from terminal_rsi import registry
+from terminal_rsi.config import registry
 from terminal_rsi.experiments import run as run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,7 +54,7 @@ def test_write_config_replaces_atomically(tmp_path):
 def test_console_flags_quiet_library_logging_and_set_the_progress_mode(monkeypatch):
     from absl import flags, logging
 
-    from terminal_rsi import progress
+    from terminal_rsi.runtime import progress
 
     run_py = _load_run_module()
     monkeypatch.setenv(progress.ENV, "auto")  # restored afterwards

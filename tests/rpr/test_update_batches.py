@@ -6,13 +6,13 @@ import jax
 import numpy as np
 import pytest
 
-from terminal_rsi import ppo_step as ps
-from terminal_rsi.advantages import prepare_ppo_batch, whiten_advantages
-from terminal_rsi.alignment import predictable_mask
 from terminal_rsi.credit import TurnBoundaryGAE
-from terminal_rsi.forward import make_logprob_fn, make_value_fn
-from terminal_rsi.losses import PPOConfig
 from terminal_rsi.rpr.update import grouped_forward, minibatch_rows, row_widths, take_rows
+from terminal_rsi.training import ppo_step as ps
+from terminal_rsi.training.advantages import prepare_ppo_batch, whiten_advantages
+from terminal_rsi.training.alignment import predictable_mask
+from terminal_rsi.training.forward import make_logprob_fn, make_value_fn
+from terminal_rsi.training.losses import PPOConfig
 from tests.rpr.helpers import states, toy_batch
 
 pytestmark = pytest.mark.xdist_group("rpr_ppo_step")

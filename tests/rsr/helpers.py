@@ -2,8 +2,8 @@
 
 import json
 
-from terminal_rsi import registry
 from terminal_rsi.agent import ScriptedPolicy
+from terminal_rsi.config import registry
 from terminal_rsi.rsr.runbook import Runbook, RunbookError
 
 TINY_MODEL = {"preset": "tiny", "vocab_size": None, "d_model": 64, "n_layers": 1,

@@ -7,12 +7,12 @@ import jax
 import numpy as np
 
 from configs.base_sft import get_config
-from terminal_rsi import registry
 from terminal_rsi.agent import read_shard
-from terminal_rsi.checkpoint import import_weights
+from terminal_rsi.config import registry
 from terminal_rsi.models.transformer import critic_params_from_actor
 from terminal_rsi.rsr.base_sft import run
 from terminal_rsi.rsr.guidance import GUIDED_SUFFIX
+from terminal_rsi.runtime.exports import import_weights
 from tests.rsr.helpers import TINY_MODEL
 
 
@@ -61,7 +61,7 @@ def test_base_sft_end_to_end(tmp_path):
 def test_base_sft_with_lora_trains_the_adapters_alone(tmp_path):
     """model.lora_rank > 0: SFT moves the adapters; every other weight of the exported actor
     is the stage's initial one, bit for bit; the critic export copies the adapted actor."""
-    from terminal_rsi import trainable
+    from terminal_rsi.models import trainable
     from terminal_rsi.models.loading import model_config
     from terminal_rsi.rsr.common import create_actor
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from terminal_rsi.losses import Aggregation
 from terminal_rsi.rsr.sft import make_nll_fn, make_sft_step, sft_loss_parts
+from terminal_rsi.training.losses import Aggregation
 from tests.rpr.helpers import states, toy_batch
 
 

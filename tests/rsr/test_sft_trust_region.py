@@ -14,8 +14,6 @@ import pytest
 from absl.testing import parameterized
 
 from terminal_rsi.agent import HarnessConfig, RolloutEngine
-from terminal_rsi.alignment import trained_mask
-from terminal_rsi.losses import Aggregation, kl_to_reference
 from terminal_rsi.models.loading import import_params
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rsr import stage as stage_mod
@@ -26,6 +24,8 @@ from terminal_rsi.rsr.reviewer import privileged_strings
 from terminal_rsi.rsr.sft import make_sft_step, sft_loss_parts
 from terminal_rsi.rsr.stage import fresh_execute, run_rsr
 from terminal_rsi.tasks.builtin import make_task
+from terminal_rsi.training.alignment import trained_mask
+from terminal_rsi.training.losses import Aggregation, kl_to_reference
 from tests.rpr.helpers import states, toy_batch
 from tests.rsr.helpers import follower_policy, tiny_stage_config
 

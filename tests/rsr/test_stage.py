@@ -9,12 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from terminal_rsi import sharding as shd
 from terminal_rsi.agent import HarnessConfig, RolloutEngine, read_shard
-from terminal_rsi.checkpoint import export_weights
-from terminal_rsi.losses import Aggregation
 from terminal_rsi.models.config import get_model_config
 from terminal_rsi.models.loading import LoadedModel
+from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.models.transformer import DecoderLM, critic_params_from_actor
 from terminal_rsi.rsr import common as cm
@@ -29,9 +27,11 @@ from terminal_rsi.rsr.stage import (
     funnel_line,
     run_rsr,
 )
-from terminal_rsi.sampling import Buckets
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.runtime.exports import export_weights
 from terminal_rsi.tasks.builtin import make_task
-from terminal_rsi.train_state import OptimizerConfig, create_train_state
+from terminal_rsi.training.losses import Aggregation
+from terminal_rsi.training.train_state import OptimizerConfig, create_train_state
 from tests.rsr.helpers import TINY_MODEL, follower_policy, tiny_stage_config
 
 # module/session-scoped fixtures are expensive: keep these tests on one xdist worker

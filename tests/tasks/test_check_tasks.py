@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from configs.verify_tasks import get_config
-from terminal_rsi import registry
-from terminal_rsi.configuration import ConfigError, validate_config
+from terminal_rsi.config import registry
+from terminal_rsi.config.configuration import ConfigError, validate_config
 from terminal_rsi.tasks import load_task_dir
 from terminal_rsi.tasks.check_tasks import TaskCheckFailed, check_task
 from tests.tasks.conftest import need_task_image, tb_files, workspace_task, write

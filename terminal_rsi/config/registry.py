@@ -27,7 +27,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from terminal_rsi.configuration import ConfigError, build, schema_of, validate_config
+from terminal_rsi.config.configuration import ConfigError, build, schema_of, validate_config
 from terminal_rsi.settings import Section, Setting
 
 # name -> the module with the experiment's `run`

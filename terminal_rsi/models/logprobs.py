@@ -3,7 +3,7 @@
 This module is the *training* half of the token-in/token-out contract (paper §2.1) and of
 the π_old recomputation before PPO (§2.4): given the packed [B, L] arrays of a batch it
 recomputes log π(token_j | prefix) with the same parameters the sampler used. The sampler
-itself (`terminal_rsi.sampling`) returns the rollout-side log-probabilities; the mean
+itself (`terminal_rsi.models.sampling`) returns the rollout-side log-probabilities; the mean
 absolute difference of the two on generated tokens is `logprob_gap` (the paper reports a
 train/rollout gap of 4.66e-3 to 4.98e-3, §3.3).
 

@@ -29,10 +29,10 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from terminal_rsi import multihost
-from terminal_rsi import sharding as shd
+from terminal_rsi.models.trainable import join, split_trainable
+from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime import sharding as shd
 from terminal_rsi.settings import Section, SettingError, setting
-from terminal_rsi.trainable import join, split_trainable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,10 +4,10 @@ an optimizer and the device mesh (typed settings, `terminal_rsi.settings`).
 A stage's config (e.g. `terminal_rsi.rpr.config.PhaseConfig`) composes these with its own
 sections; each field is written once, here, with its default, allowed values and doc. The
 runtime harness (`agent.HarnessConfig`) extends `Harness` with what only code sets
-(`Section.from_config` takes a config's section to it). Library code below this layer
-declares its own sections and they are re-exported here: the optimizer
-(`train_state.Optimizer`, `DecayingOptimizer`; runtime `train_state.OptimizerConfig`); the
-PPO loss's settings are `losses.PPOLoss`, which `rpr.config.PPO` extends.
+(`Section.from_config` takes a config's section to it). The training layer declares its
+own sections, which stage configs use directly: the optimizer
+(`training.train_state.Optimizer`, `DecayingOptimizer`; runtime `OptimizerConfig`) and the
+PPO loss's settings (`training.losses.PPOLoss`, which `rpr.config.PPO` extends).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ class NucleusHarness(Harness):
 
 @dataclasses.dataclass(frozen=True)
 class Sampler(Section):
-    """The sampler's shapes (`terminal_rsi.sampling.Buckets`, decode blocks)."""
+    """The sampler's shapes (`terminal_rsi.models.sampling.Buckets`, decode blocks)."""
 
     cache_multiple: int = setting(512, "sampler cache / packed row length is rounded to this",
                                   lo=1)
@@ -238,7 +238,7 @@ class BatchedRollout(Rollout):
 
 @dataclasses.dataclass(frozen=True)
 class Mesh(Section):
-    """Device mesh sizes (`terminal_rsi.sharding` axes); None: inferred."""
+    """Device mesh sizes (`terminal_rsi.runtime.sharding` axes); None: inferred."""
 
     data: int | None = setting(None, "data-parallel mesh axis size (None: inferred)", lo=1)
     fsdp: int | None = setting(None, "fsdp mesh axis size (None: the remaining devices)", lo=1)
@@ -282,4 +282,4 @@ class Seeded(Section):
 class Run(Seeded):
     """The fields every experiment config carries (`experiment` names it in the registry)."""
 
-    experiment: str = setting("", "registered experiment to run (terminal_rsi/registry.py)")
+    experiment: str = setting("", "registered experiment to run (terminal_rsi/config/registry.py)")

@@ -3,9 +3,9 @@
 
 `split_trainable(params)` gives (trainable, frozen), two trees of the params' structure with
 each leaf in one of them and None in the other; gradients, optimizer state and updates are
-those of the trainable part (`terminal_rsi.train_state`, `terminal_rsi.grad_accum`), and
-`join` puts the two back. No dependencies inside the package, so the train state and the
-models both read the rule from here.
+those of the trainable part (`terminal_rsi.training.train_state`,
+`terminal_rsi.training.grad_accum`), and `join` puts the two back. No dependencies inside the
+package, so the train state and the models both read the rule from here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """RPR update steps: actor PPO step and critic value step with exact gradient accumulation.
 
-Built on `terminal_rsi.train_state` (separate actor/critic `TrainState`s with their own optax
-chains), `terminal_rsi.losses` (losses as (sum, denom, stats)), `terminal_rsi.forward` (the
-log-probs and values the losses read, aligned by `terminal_rsi.alignment`) and
-`terminal_rsi.grad_accum` (Σ∇ over `num_microbatches` slices, exactly the full-batch
-gradient). Each step is a jitted, donated `step(state, batch) -> (state, metrics)`; the RPR
-phase (`terminal_rsi.rpr.update.ppo_update`) runs them over its minibatches. The batch
-they read comes from `terminal_rsi.advantages.prepare_ppo_batch`.
+Built on `terminal_rsi.training.train_state` (separate actor/critic `TrainState`s with their own
+optax chains), `terminal_rsi.training.losses` (losses as (sum, denom, stats)),
+`terminal_rsi.training.forward` (the log-probs and values the losses read, aligned by
+`terminal_rsi.training.alignment`) and `terminal_rsi.training.grad_accum` (Σ∇ over
+`num_microbatches` slices, exactly the full-batch gradient). Each step is a jitted, donated
+`step(state, batch) -> (state, metrics)`; the RPR phase (`terminal_rsi.rpr.update.ppo_update`) runs
+them over its minibatches. The batch they read comes from
+`terminal_rsi.training.advantages.prepare_ppo_batch`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from terminal_rsi.alignment import policy_mask, predictable_mask, trained_mask
-from terminal_rsi.forward import actor_logprobs, critic_values
-from terminal_rsi.grad_accum import BatchError, accumulate_gradients, jit_update
-from terminal_rsi.losses import (
+from terminal_rsi.training.alignment import policy_mask, predictable_mask, trained_mask
+from terminal_rsi.training.forward import actor_logprobs, critic_values
+from terminal_rsi.training.grad_accum import BatchError, accumulate_gradients, jit_update
+from terminal_rsi.training.losses import (
     LossParts,
     PPOConfig,
     clipped_value_loss,
@@ -29,7 +30,7 @@ from terminal_rsi.losses import (
     finalize_value_stats,
     ppo_policy_loss,
 )
-from terminal_rsi.train_state import TrainState, apply_gradients
+from terminal_rsi.training.train_state import TrainState, apply_gradients
 
 ACTOR_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "old_logprobs", "advantages")
 CRITIC_KEYS = ("tokens", "positions", "segment_ids", "gen_mask", "old_values", "returns")

@@ -26,7 +26,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict as mlc
 
-from terminal_rsi import sections
+from terminal_rsi.config import sections
 from terminal_rsi.settings import (
     Section,
     Setting,

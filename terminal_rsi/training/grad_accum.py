@@ -1,7 +1,7 @@
 """Exact gradient accumulation over microbatches, and the jitted, donated update it feeds.
 
-Generic over the loss: any `parts_fn(params, batch) -> LossParts` (`terminal_rsi.losses`:
-a loss as (sum, denom, stats)). Used by the PPO steps (`terminal_rsi.ppo_step`) and the SFT
+Generic over the loss: any `parts_fn(params, batch) -> LossParts` (`terminal_rsi.training.losses`:
+a loss as (sum, denom, stats)). Used by the PPO steps (`terminal_rsi.training.ppo_step`) and the SFT
 step (`terminal_rsi.rsr.sft`).
 
 The batch [B, ...] is split into `num_microbatches` contiguous slices along B
@@ -10,7 +10,7 @@ stats; the applied gradient is Σ ∇total_i / Σ denom_i, exactly the full-batc
 every `Aggregation` (a sample never straddles two microbatches).
 
     grads, parts = accumulate_gradients(parts_fn, state.params, batch, num_microbatches)
-    state = apply_gradients(state, grads)  # terminal_rsi.train_state: one optimizer step
+    state = apply_gradients(state, grads)  # terminal_rsi.training.train_state: one optimizer step
     step = jit_update(update, (state,), donate=True, n_state_args=1)
 """
 
@@ -22,10 +22,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from terminal_rsi import sharding as shd
-from terminal_rsi.losses import LossParts, combine_stats, safe_divide
-from terminal_rsi.train_state import TrainState
-from terminal_rsi.trainable import join, split_trainable
+from terminal_rsi.models.trainable import join, split_trainable
+from terminal_rsi.runtime import sharding as shd
+from terminal_rsi.training.losses import LossParts, combine_stats, safe_divide
+from terminal_rsi.training.train_state import TrainState
 
 Array = jax.Array
 
@@ -58,7 +58,7 @@ def accumulate_gradients(parts_fn: Callable[[Any, Mapping], LossParts], params,
     """Σ over microbatches of (∇total, total, denom, stats) via `lax.scan`.
 
     Returns (grads = Σ∇total / Σdenom, LossParts(Σtotal, Σdenom, combined stats)); the
-    gradients are of the trainable part of `params` (`terminal_rsi.trainable`: all of it, or
+    gradients are of the trainable part of `params` (`terminal_rsi.models.trainable`: all of it, or
     with LoRA adapters only they), None at frozen leaves.
     """
 

@@ -3,7 +3,7 @@
 Rollouts need the exact sampled token ids and their log-probabilities (paper §2.1, T1's
 Token-In, Token-Out contract); this module produces them. The training-side recomputation
 of the same log-probabilities (chunked along the sequence, §2.4 and Appendix A) lives in
-`terminal_rsi.logprobs` (`chunked_token_logprobs`, and `logprob_gap` between the two).
+`terminal_rsi.models.logprobs` (`chunked_token_logprobs`, and `logprob_gap` between the two).
 
 Usage
 -----
@@ -88,6 +88,7 @@ from flax import nnx
 
 from terminal_rsi.models.config import ModelConfig
 from terminal_rsi.models.lora import merge_adapters
+from terminal_rsi.models.trainable import has_adapters
 from terminal_rsi.models.transformer import (
     MASK_VALUE,
     Cache,
@@ -95,7 +96,6 @@ from terminal_rsi.models.transformer import (
     init_cache,
     rotary_angles,
 )
-from terminal_rsi.trainable import has_adapters
 
 __all__ = ["Buckets", "SampleOutput", "Sampler", "SamplerState", "SamplingError", "StopReason",
            "sample_tokens", "sampling_logits"]

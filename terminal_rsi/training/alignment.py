@@ -1,10 +1,10 @@
 """Token alignment of packed [B, L] training arrays: which positions are trained, and the
 shift from a model's per-position outputs to per-token quantities.
 
-One rule for every training-side module (`terminal_rsi.forward`, `terminal_rsi.advantages`,
-`terminal_rsi.ppo_step`, `terminal_rsi.rsr.sft`): every [B, L] array is indexed by the
-position t of the token it is about. The causal models produce at position t an output that
-has seen tokens 0..t, so:
+One rule for every training-side module (`terminal_rsi.training.forward`,
+`terminal_rsi.training.advantages`, `terminal_rsi.training.ppo_step`, `terminal_rsi.rsr.sft`):
+every [B, L] array is indexed by the position t of the token it is about. The causal models produce
+at position t an output that has seen tokens 0..t, so:
 
 - `logprobs[b, t] = log π(tokens[b, t] | tokens[b, <t])` is read from logits[b, t-1]
   (the standard shift: the logit at t-1 scores token t);
@@ -19,7 +19,7 @@ generated (as the packer writes it); the losses use `gen_mask & predictable_mask
 `Aggregation.SAMPLE_MEAN` each (row, segment) is one sample.
 
 `token_logprobs` here is the full [B, L, V] reference from logits; the training path
-(`forward.actor_logprobs`) uses `terminal_rsi.logprobs.chunked_token_logprobs` (from the
+(`forward.actor_logprobs`) uses `terminal_rsi.models.logprobs.chunked_token_logprobs` (from the
 model's parameters, chunked along the sequence) with the same alignment.
 """
 

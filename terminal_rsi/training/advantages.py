@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from terminal_rsi.alignment import trained_mask
 from terminal_rsi.credit import AdvantageEstimator, TurnBoundaryGAE, empty_carry
-from terminal_rsi.forward import make_logprob_fn, make_value_fn
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.training.alignment import trained_mask
+from terminal_rsi.training.forward import make_logprob_fn, make_value_fn
+from terminal_rsi.training.train_state import TrainState
 
 Array = jax.Array
 

@@ -1,11 +1,11 @@
 """Generate docs/configs.md from the config files and the experiments' schemas.
 
-    python -m terminal_rsi.configdoc            # rewrite docs/configs.md
-    python -m terminal_rsi.configdoc --check    # exit 1 if docs/configs.md is stale
-    python -m terminal_rsi.configdoc --stdout   # print instead of writing
+    python -m terminal_rsi.config.configdoc            # rewrite docs/configs.md
+    python -m terminal_rsi.config.configdoc --check    # exit 1 if docs/configs.md is stale
+    python -m terminal_rsi.config.configdoc --stdout   # print instead of writing
 
 For every `configs/*.py` (sorted by name): the config file's docstring summary, its
-experiment (`config.experiment`, looked up in terminal_rsi/registry.py) and one row per
+experiment (`config.experiment`, looked up in terminal_rsi/config/registry.py) and one row per
 schema field with the default from the config file, the allowed values (`Setting.describe()`)
 and the meaning (`Setting.doc`; the schemas derive from the typed configs). A config leaf
 missing from the schema (or the reverse) is an error here too, so the reference cannot
@@ -23,13 +23,13 @@ import os
 import sys
 from collections.abc import Mapping
 
-from terminal_rsi import configuration, registry
-from terminal_rsi.atomic import atomic_write_text
-from terminal_rsi.configuration import flatten
+from terminal_rsi.config import configuration, registry
+from terminal_rsi.config.configuration import flatten
+from terminal_rsi.runtime.atomic import atomic_write_text
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC_PATH = os.path.join(REPO, "docs", "configs.md")
-COMMAND = "python -m terminal_rsi.configdoc"
+COMMAND = "python -m terminal_rsi.config.configdoc"
 
 
 class ConfigDocError(ValueError):
@@ -122,7 +122,7 @@ def generate(repo: str = REPO) -> str:
         name = config.get("experiment")
         if name not in registry.EXPERIMENTS:
             raise ConfigDocError(f"{rel}: config.experiment = {name!r} is not registered in "
-                                 "terminal_rsi/registry.py")
+                                 "terminal_rsi/config/registry.py")
         schema = registry.get_experiment(name).SCHEMA
         leaves = flatten(config)
         # `in schema`, not set(schema): a schema may accept families of free paths.
@@ -139,7 +139,8 @@ def generate(repo: str = REPO) -> str:
                      "", *_schema_table(schema, leaves)]
     out += index + sections
     out += ["", "## Shared schema pieces", "",
-            "Experiments compose their `SCHEMA` from these (terminal_rsi/configuration.py).", ""]
+            "Experiments compose their `SCHEMA` from these "
+            "(terminal_rsi/config/configuration.py).", ""]
     for piece in ("BASE_SCHEMA", "EPISODE_SCHEMA", "DISTRIBUTED_SCHEMA"):
         schema = getattr(configuration, piece, None)
         if schema is None:

@@ -1,9 +1,9 @@
 """Training-side forward passes: the actor's token log-probabilities and the critic's
-pre-token values of a packed [B, L] batch, aligned per token (`terminal_rsi.alignment`).
+pre-token values of a packed [B, L] batch, aligned per token (`terminal_rsi.training.alignment`).
 
 `actor_logprobs` (π_old recomputation and the PPO / SFT losses) uses the chunked
-`terminal_rsi.logprobs.chunked_token_logprobs` (at most [B, chunk, V] logits alive, forward and
-backward); with the entropy bonus on it computes the full [B, L, V] logits
+`terminal_rsi.models.logprobs.chunked_token_logprobs` (at most [B, chunk, V] logits alive, forward
+and backward); with the entropy bonus on it computes the full [B, L, V] logits
 (`alignment.token_logprobs`, the entropy needs the full softmax). `make_logprob_fn` /
 `make_value_fn` jit them over `num_microbatches` slices without gradients (the values and
 log-probs of a rollout batch before the update).
@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from terminal_rsi import logprobs as lpm
-from terminal_rsi.alignment import shift_to_next_token, token_logprobs
-from terminal_rsi.grad_accum import split_microbatches
-from terminal_rsi.train_state import TrainState
+from terminal_rsi.models import logprobs as lpm
+from terminal_rsi.training.alignment import shift_to_next_token, token_logprobs
+from terminal_rsi.training.grad_accum import split_microbatches
+from terminal_rsi.training.train_state import TrainState
 
 Array = jax.Array
 
@@ -41,7 +41,7 @@ def actor_logprobs(params, graphdef: nnx.GraphDef, batch: Mapping[str, Array],
     sampled at `temperature`: log softmax(logits / T) (the policy π_θ,T that generated the
     rollouts; T = 1 is the paper's setting).
 
-    Without entropy: `terminal_rsi.logprobs.chunked_token_logprobs` (chunk_size None:
+    Without entropy: `terminal_rsi.models.logprobs.chunked_token_logprobs` (chunk_size None:
     its default, 1024 as in Appendix A). With entropy: full [B, L, V] logits."""
     if not with_entropy:
         chunk = lpm.DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size

@@ -1,10 +1,11 @@
 """Per-device parameter and optimizer memory of a train state on a mesh, without allocating.
 
-    python -m terminal_rsi.memory_plan --model qwen3_27b_class --mesh 1,64,4 [--critic]
+    python -m terminal_rsi.training.memory_plan --model qwen3_27b_class --mesh 1,64,4 [--critic]
 
 `memory_plan` evaluates shapes only (`jax.eval_shape`), so any mesh size can be planned on
 any machine; `format_memory_plan` prints it as a table. Shardings follow
-`terminal_rsi.sharding` (logical-axis rules), the optimizer `terminal_rsi.train_state`.
+`terminal_rsi.runtime.sharding` (logical-axis rules), the optimizer
+`terminal_rsi.training.train_state`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from jax.sharding import PartitionSpec
 
 from terminal_rsi.models.config import get_model_config
 from terminal_rsi.models.transformer import DecoderLM, ValueModel
-from terminal_rsi.sharding import (
+from terminal_rsi.runtime.sharding import (
     DEFAULT_RULES,
     MESH_AXES,
     MeshAxes,
@@ -30,7 +31,7 @@ from terminal_rsi.sharding import (
     param_specs,
     resolve_mesh_shape,
 )
-from terminal_rsi.train_state import OptimizerConfig, make_optimizer
+from terminal_rsi.training.train_state import OptimizerConfig, make_optimizer
 
 
 def shard_bytes(shape, dtype, spec: PartitionSpec, mesh_shape: Mapping[str, int]) -> int:
@@ -107,7 +108,8 @@ def format_memory_plan(plan: dict, max_rows: int = 16) -> str:
 
 
 def main(argv=None) -> None:
-    """`python -m terminal_rsi.memory_plan --model qwen3_27b_class --mesh 1,64,4 [--critic]`."""
+    """`python -m terminal_rsi.training.memory_plan --model qwen3_27b_class --mesh 1,64,4`
+    (`--critic` for the critic)."""
     ap = argparse.ArgumentParser(description="per-device parameter/optimizer memory plan")
     ap.add_argument("--model", default="qwen3_27b_class")
     ap.add_argument("--mesh", default="1,64,4", help="data,fsdp,tensor sizes")
