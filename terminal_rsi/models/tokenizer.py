@@ -1,6 +1,8 @@
-"""Tokenizers: a built-in byte-level tokenizer and a Hugging Face `tokenizers` adapter.
+"""Tokenizers: the built-in chat format (`ChatTokenizer`) with byte tokens (`ByteTokenizer`;
+`models.bpe.BPETokenizer` adds a small BPE vocabulary to it), and a Hugging Face `tokenizers`
+adapter (`HFTokenizer`).
 
-Both expose the same small interface used by the harness and the sampler:
+All expose the same small interface used by the harness and the sampler:
 
     vocab_size, bos_id, eos_id, pad_id, stop_ids
     encode(text, allow_special=False) -> list[int]
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -51,10 +54,14 @@ class Tokenizer(Protocol):
 # ----------------------------------------------------------------------------- bytes
 
 
-class ByteTokenizer:
-    """256 byte tokens (id = byte value) followed by special tokens.
+class ChatTokenizer:
+    """The chat format and special tokens of the built-in tokenizers (`ByteTokenizer`,
+    `models.bpe.BPETokenizer`): ids 0..255 are the 256 bytes (id = byte value), 256..263 the
+    special tokens, and a subclass may add multi-byte tokens after them (`pieces`: the bytes
+    of every id, None for a special). A subclass gives `encode_text` (text -> ids, never a
+    special); `encode(..., allow_special=True)` splits out the special-token strings first.
 
-    Chat format: <|bos|> then per message `<|role|>` + UTF-8 bytes of the content + `<|end|>`,
+    Chat format: <|bos|> then per message `<|role|>` + the encoded content + `<|end|>`,
     and, with add_generation_prompt, a final `<|assistant|>`. Roles: system, user, assistant,
     observation ("tool" is an alias of observation). Generation stops at <|end|> or <|eos|>.
     """
@@ -62,24 +69,33 @@ class ByteTokenizer:
     SPECIALS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>",
                 "<|observation|>", "<|end|>")
     ROLE_ALIASES = {"tool": "observation"}
+    SPECIAL_RE = re.compile("(" + "|".join(re.escape(t) for t in SPECIALS) + ")")
 
-    def __init__(self):
+    def __init__(self, extra_pieces: Sequence[bytes] = ()):
         self.special_ids = {tok: 256 + i for i, tok in enumerate(self.SPECIALS)}
         self.id_to_special = {i: t for t, i in self.special_ids.items()}
-        self.vocab_size = 256 + len(self.SPECIALS)
+        self.pieces: list[bytes | None] = ([bytes([b]) for b in range(256)]
+                                           + [None] * len(self.SPECIALS) + list(extra_pieces))
+        self.vocab_size = len(self.pieces)
         self.pad_id = self.special_ids["<|pad|>"]
         self.bos_id = self.special_ids["<|bos|>"]
         self.eos_id = self.special_ids["<|eos|>"]
         self.end_id = self.special_ids["<|end|>"]
         self.stop_ids = (self.end_id, self.eos_id)
 
+    def encode_text(self, text: str) -> list[int]:
+        raise NotImplementedError
+
     def token_to_id(self, token: str) -> int:
+        """The id of a special token, or of the token whose bytes are `token`'s UTF-8."""
         if token in self.special_ids:
             return self.special_ids[token]
         raw = token.encode("utf-8")
-        if len(raw) != 1:
-            raise TokenizerError(f"{token!r} is not a single byte or a special token")
-        return raw[0]
+        try:
+            return self.pieces.index(raw)
+        except ValueError:
+            raise TokenizerError(f"{token!r} is not a token of the vocabulary or a special "
+                                 "token") from None
 
     def role_id(self, role: str) -> int:
         role = self.ROLE_ALIASES.get(role, role)
@@ -90,25 +106,16 @@ class ByteTokenizer:
         return self.special_ids[tok]
 
     def encode(self, text: str, allow_special: bool = False) -> list[int]:
-        """UTF-8 bytes of `text`; with allow_special, special-token strings map to their ids."""
+        """Ids of `text` (`encode_text`); with allow_special, special-token strings map to
+        their ids."""
         if not allow_special:
-            return list(text.encode("utf-8"))
+            return self.encode_text(text)
         out: list[int] = []
-        i = 0
-        while i < len(text):
-            j = text.find("<|", i)
-            if j < 0:
-                out.extend(text[i:].encode("utf-8"))
-                break
-            k = text.find("|>", j)
-            tok = text[j:k + 2] if k >= 0 else None
-            if tok in self.special_ids:
-                out.extend(text[i:j].encode("utf-8"))
-                out.append(self.special_ids[tok])
-                i = k + 2
-            else:
-                out.extend(text[i:j + 2].encode("utf-8"))
-                i = j + 2
+        for k, part in enumerate(self.SPECIAL_RE.split(text)):
+            if k % 2:  # the split's captured group: a special token
+                out.append(self.special_ids[part])
+            elif part:
+                out.extend(self.encode_text(part))
         return out
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
@@ -117,17 +124,17 @@ class ByteTokenizer:
         buf = bytearray()
         for i in ids:
             i = int(i)
-            if 0 <= i < 256:
-                buf.append(i)
+            piece = self.pieces[i] if 0 <= i < self.vocab_size else None
+            if piece is not None:
+                buf += piece
                 continue
+            if i not in self.id_to_special:
+                raise TokenizerError(f"token id {i} is outside the vocabulary "
+                                     f"[0, {self.vocab_size})")
             parts.append(buf.decode("utf-8", errors="replace"))
             buf = bytearray()
-            if i in self.id_to_special:
-                if not skip_special:
-                    parts.append(self.id_to_special[i])
-            else:
-                raise TokenizerError(f"token id {i} is outside the byte vocabulary "
-                                     f"[0, {self.vocab_size})")
+            if not skip_special:
+                parts.append(self.id_to_special[i])
         parts.append(buf.decode("utf-8", errors="replace"))
         return "".join(parts)
 
@@ -141,6 +148,14 @@ class ByteTokenizer:
         if add_generation_prompt:
             ids.append(self.special_ids["<|assistant|>"])
         return ids
+
+
+class ByteTokenizer(ChatTokenizer):
+    """256 byte tokens (id = byte value) followed by the special tokens (`ChatTokenizer`: its
+    chat format): the content of a message is its UTF-8 bytes."""
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
 
 
 # ----------------------------------------------------------------------------- HF tokenizers

@@ -19,6 +19,7 @@ import ml_collections
 
 from terminal_rsi.config.configuration import schema_of
 from terminal_rsi.config.sections import ACTION_FORMATS, TERMINALS, Seeded, TaskPool
+from terminal_rsi.models.config import TOKENIZERS
 from terminal_rsi.pipeline.graph import BASES, STAGES
 from terminal_rsi.pipeline.scales import SCALES, get_scale
 from terminal_rsi.settings import Section, Setting, setting
@@ -33,8 +34,11 @@ def _dim(name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ModelDims(Section):
-    """Shape of the tiny model (ignored for a pretrained model)."""
+    """Shape and tokenizer of the tiny model (ignored for a pretrained model)."""
 
+    tokenizer: str | None = setting(None, "tiny model tokenizer, 'byte' or 'bpe' (the shipped "
+                                    "BPE; vocab_size follows it) (None: the scale's, else "
+                                    "byte)", choices=TOKENIZERS)
     vocab_size: int | None = setting(None, _dim("vocab_size"), lo=1)
     d_model: int | None = setting(None, _dim("d_model"), lo=1)
     n_layers: int | None = setting(None, _dim("n_layers"), lo=1)

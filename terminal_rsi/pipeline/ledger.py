@@ -3,7 +3,8 @@
     {"format": "terminal_rsi.ledger/1", "run": "<abs run dir>", "updated": "<iso time>",
      "stages": [{"name", "experiment", "status", "dir", "inputs", "outputs", "config_hash",
                  "started", "finished", "wall_s", "train": {...}, "eval": {suite: {...}},
-                 "eval_wall_s", "validation": {...}, "settings": {...}, "error"},
+                 "eval_wall_s", "validation": {...}, "settings": {...}, "diagnostics": {...},
+                 "error"},
                 ...],                                                   # graph order
      "plots": {"progression": "plots/progression.png", ...}}
 
@@ -15,7 +16,12 @@ evaluation took ("wall_s" is its training). "settings" is what the run resolved 
 stage beyond its config file: dotted path -> {"value", "set_by"}, each setting whose value
 differs from `configs/<stage>.py` with the layer that set it (`terminal_rsi.pipeline.resolve`:
 e.g. "scale 'ci' experiments.rpr_phase", "--config.stages.rsr1", "graph: input handoff"),
-rewritten by every run.
+rewritten by every run. "diagnostics" holds the stage's training diagnostics
+(`terminal_rsi.pipeline.diagnostics`, docs/pipeline.md): turns per episode, PPO clip fraction
+and approximate KL, actor gradient norm, critic explained variance, policy movement on the
+run's probe (numbers, keyed by metric name with a "mean/" or "last/" prefix), and
+"per_family": {suite: {family: {"before", "after"}}} held-out success before and after the
+stage; an entry written before diagnostics existed has none.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ class Ledger:
                                   "config_hash": None, "started": None, "finished": None,
                                   "wall_s": None, "train": {}, "eval": {}, "error": None,
                                   "validation": {}, "eval_wall_s": None,
-                                  "settings": {}}
+                                  "settings": {}, "diagnostics": {}}
             e["experiment"] = experiment
             self.stages.append(e)
         # stages recorded earlier but not part of this run's graph stay in the record
@@ -166,6 +172,31 @@ def _need(d: Mapping, key: str, types, where: str, optional: bool = False):
     return v
 
 
+def _is_number(v) -> bool:
+    return v is None or isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def validate_diagnostics(diag: Mapping, where: str) -> None:
+    """Raise LedgerError unless a stage's `diagnostics` holds numbers (or None) by name and
+    "per_family" is {suite: {family: {"before": x, "after": y}}} with numbers or None."""
+    for k, v in diag.items():
+        if k != "per_family" and not _is_number(v):
+            raise LedgerError(f"{where}: diagnostics[{k!r}] = {v!r} is not a number")
+    per_family = diag.get("per_family", {})
+    if not isinstance(per_family, dict):
+        raise LedgerError(f"{where}: diagnostics['per_family'] = {per_family!r} is not a dict")
+    for suite, fams in per_family.items():
+        if not isinstance(fams, dict):
+            raise LedgerError(f"{where}: diagnostics['per_family'][{suite!r}] = {fams!r} is "
+                              "not a dict family -> {\"before\", \"after\"}")
+        for fam, rec in fams.items():
+            if not isinstance(rec, dict) or set(rec) != {"before", "after"} or not all(
+                    _is_number(x) for x in rec.values()):
+                raise LedgerError(f"{where}: diagnostics['per_family'][{suite!r}][{fam!r}] = "
+                                  f"{rec!r}; expected " '{"before": x, "after": y}'
+                                  " with numbers or None")
+
+
 def validate_ledger(d: Mapping) -> None:
     """Raise LedgerError unless `d` follows contract C5 (optional keys may be missing)."""
     if d.get("format") != FORMAT:
@@ -185,7 +216,8 @@ def validate_ledger(d: Mapping) -> None:
         if s.get("status") not in STATUSES:
             raise LedgerError(f"{where}: status {s.get('status')!r} not in {STATUSES}")
         _need(s, "dir", str, where)
-        for key in ("inputs", "outputs", "train", "eval", "validation", "settings"):
+        for key in ("inputs", "outputs", "train", "eval", "validation", "settings",
+                    "diagnostics"):
             _need(s, key, dict, where, optional=True)
         for path, rec in (s.get("settings") or {}).items():
             if not isinstance(rec, dict) or set(rec) != {"value", "set_by"} or not isinstance(
@@ -204,6 +236,7 @@ def validate_ledger(d: Mapping) -> None:
         for k, v in (s.get("train") or {}).items():
             if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
                 raise LedgerError(f"{where}: train[{k!r}] = {v!r} is not a number")
+        validate_diagnostics(s.get("diagnostics") or {}, where)
         for suite, ev in (s.get("eval") or {}).items():
             w = f"{where} eval[{suite!r}]"
             if not isinstance(ev, dict):

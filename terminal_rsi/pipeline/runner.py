@@ -27,6 +27,10 @@ Each stage goes resolve → run → hand off → validate → evaluate:
 - evaluate (`Pipeline.evaluate_stage`): k runs per held-out task (`evaluation.evaluate`); a
   critic warm-up is evaluated by its critic's EV on its input stage's episodes
   (`terminal_rsi.pipeline.stage_eval`).
+- diagnose (`Pipeline.diagnose`, `terminal_rsi.pipeline.diagnostics`): when the stage has
+  run, its training diagnostics (turns, clip fraction, approximate KL, gradient norms,
+  critic EV from its workdir; the policy movement from its input actor on the run's probe)
+  go to the ledger's `diagnostics`; its evaluation adds per-family success before and after.
 
 Config hash: sha256 of the resolved stage config with the input paths replaced by
 "<stage>/export" plus the hashes of the input stages and the evaluation and validation
@@ -56,6 +60,12 @@ from terminal_rsi.evaluation.config import EvalConfig
 from terminal_rsi.evaluation.evaluate import evaluate
 from terminal_rsi.pipeline import plots
 from terminal_rsi.pipeline.config import resolved
+from terminal_rsi.pipeline.diagnostics import (
+    export_movement,
+    family_change,
+    frozen_probe,
+    training_diagnostics,
+)
 from terminal_rsi.pipeline.graph import RPR1, graph_for, prerequisites
 from terminal_rsi.pipeline.handoff import check_handoff, copy_inputs, exports_ok
 from terminal_rsi.pipeline.ledger import PLOTS, Ledger, now_iso
@@ -143,6 +153,10 @@ class Pipeline:
     @property
     def strata_path(self) -> str:
         return os.path.join(self.run_dir, "strata.json")
+
+    @property
+    def probe_path(self) -> str:
+        return os.path.join(self.run_dir, "probe.jsonl")
 
     # ------------------------------------------------------------------ resolve
 
@@ -232,6 +246,16 @@ class Pipeline:
         """The run's difficulty strata, fitted once before any evaluation."""
         return frozen_strata(self.strata_path, self.eval_base_config())
 
+    @functools.cached_property
+    def probe(self) -> list:
+        """The run's probe of policy movement (`diagnostics.frozen_probe`), rendered once per
+        run dir when a stage first needs it, in the base stage's demonstration style."""
+        style = get_path(self.stage_config("base"), "harness.action_style") if \
+            "base" in self.graph else None
+        return frozen_probe(self.probe_path, build(EvalConfig, self.eval_base_config()),
+                            has_validation_split(self.eval_base_config().tasks.suite),
+                            style or "compact")
+
     # ------------------------------------------------------------------ run
 
     def run(self, targets: Sequence[str] | None = None) -> Ledger:
@@ -310,6 +334,7 @@ class Pipeline:
         self.ledger.update(
             name, status="running", config_hash=h, started=now_iso(), finished=None,
             wall_s=None, error=None, eval={}, train={}, validation={}, eval_wall_s=None,
+            diagnostics={},
             inputs={role: f"{dep}/export" for role, dep in spec.inputs.items()},
             outputs={"export": f"{name}/export", "checkpoints": f"{name}/checkpoints"})
         self.log(f"[pipeline] {name}: running {spec.experiment} in {sdir}")
@@ -328,9 +353,10 @@ class Pipeline:
                               f"{sdir}/error.txt; the ledger is {self.ledger.path}. Fix it and "
                               "rerun the same command: finished stages are reused.") from ex
         self.executed.append(name)
-        self.ledger.update(name, status="done", finished=now_iso(),
-                           wall_s=time.monotonic() - t0, train=train_stats(sdir))
-        self.log(f"[pipeline] {name}: done in {time.monotonic() - t0:.0f}s")
+        wall = time.monotonic() - t0
+        self.ledger.update(name, status="done", finished=now_iso(), wall_s=wall,
+                           train=train_stats(sdir), diagnostics=self.diagnose(name))
+        self.log(f"[pipeline] {name}: done in {wall:.0f}s")
 
     def execute(self, name: str) -> None:
         """The stage's experiment on its resolved config; a bypassed stage (ablation,
@@ -343,6 +369,23 @@ class Pipeline:
             return
         registry.get_experiment(self.graph[name].experiment).run(  # the typed settings
             self.resolved_stage(name).typed, self.stage_dir(name))
+
+    def diagnose(self, name: str) -> dict:
+        """The training diagnostics of stage `name`, just trained (`terminal_rsi.pipeline.
+        diagnostics`): from its workdir, and the policy movement from its input actor to its
+        final trained actor on the run's probe ({} for a bypassed stage: nothing trained)."""
+        if name in self.bypass:
+            return {}
+        spec = self.graph[name]
+        out = training_diagnostics(self.stage_dir(name), spec.experiment)
+        if "actor" in spec.inputs and spec.kind != "warmup":
+            try:
+                out.update(export_movement(build(EvalConfig, self.eval_base_config()),
+                                           self.input_exports(name)["actor"],
+                                           self.export_dir(name), self.probe))
+            except Exception as ex:  # noqa: BLE001 - a diagnostic never stops a run
+                self.log(f"[pipeline] {name}: no policy movement: {type(ex).__name__}: {ex}")
+        return out
 
     def train_stats(self, name: str) -> dict:
         """Numbers from the stage's `summary.json` and last `metrics.jsonl` line."""
@@ -449,7 +492,12 @@ class Pipeline:
         for suite in res.values():
             suite["reward_fn"] = fn
         self.evaluated.append(name)
-        self.ledger.update(name, eval=res, eval_wall_s=time.monotonic() - t0)
+        src = spec.inputs.get("actor")  # per-family success before (its input) and after
+        before = self.ledger.entry(src).get("eval") if src else None
+        diag = {**(self.ledger.entry(name).get("diagnostics") or {}),
+                "per_family": family_change(before, res)}
+        self.ledger.update(name, eval=res, eval_wall_s=time.monotonic() - t0,
+                           diagnostics=diag)
         self.log(f"[pipeline] {name}: evaluated in {time.monotonic() - t0:.0f}s")
         return res
 

@@ -5,7 +5,7 @@ Output folder (default `<run>/report/`):
     index.html          the page (open it from disk; no server, no network)
     report.css, report.js
     data.js             window.TRSI_REPORT = {...}: headline, notes, stages, training numbers,
-                        plots, family table, episode index
+                        diagnostics, plots, family table, episode index
     episodes/NNNNNN.js  TRSI_EPISODE(id, {...}): one episode's turns, checks and credit rows,
                         loaded on demand with a <script> tag (works from file://)
     plots/*.png         the ledger's plots (copied) or ones drawn from metrics.jsonl
@@ -14,8 +14,11 @@ The page opens with the headline (`data.headline`: per stage Mean@k and pass@k p
 the validation score against its input's with the decision and its reason, critic EV on the
 evaluation episodes, wall time of training + evaluation + validation) and the progression
 plot; notes follow, one line per kind (`data.group_notes`: e.g. "13 trajectory shards
-truncated", the shards folded beneath); the stage record (times, inputs, errors, every
-training number) is folded, with a table of selected training numbers (`data.train_numbers`).
+truncated", the shards folded beneath); after the plots, the training diagnostics
+(`data.diagnostics`: per stage turns per episode, PPO clip fraction and approximate KL, actor
+gradient norm, critic EV, policy movement; per family the held-out success before and after
+each stage); the stage record (times, inputs, errors, every training number) is folded,
+with a table of selected training numbers (`data.train_numbers`).
 A shard two stages name (a critic warm-up's eval reuses its input's episodes) is listed once,
 under the first; validation episodes (`<stage>/validation/*.jsonl`) are listed too.
 
@@ -333,6 +336,7 @@ class _Builder:
             "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "headline": D.headline(ledger["stages"]),
             "train_numbers": D.train_numbers(ledger["stages"]),
+            "diagnostics": D.diagnostics(ledger["stages"]),
             "stages": stages, "plots": plots, "families": self.families,
             "episodes": self.episodes, "warnings": [text for _, text in self.notes],
             "notes": D.group_notes(self.notes),
@@ -496,12 +500,15 @@ _INDEX = """<!doctype html>
 <noscript>This report needs JavaScript (it runs locally; nothing is fetched from the
 network).</noscript>
 <nav><a href="#headline">Headline</a> <a href="#notes">Notes</a> <a href="#plots">Plots</a>
-<a href="#families">Families</a> <a href="#stages">Stage details</a>
-<a href="#browser">Trajectories</a></nav>
+<a href="#diagnostics">Diagnostics</a> <a href="#families">Families</a>
+<a href="#stages">Stage details</a> <a href="#browser">Trajectories</a></nav>
 <section id="headline"><h2>Headline</h2><div id="headline-table"></div>
 <div id="headline-plot"></div></section>
 <section id="notes" hidden><h2>Notes</h2><ul id="note-list"></ul></section>
 <section id="plots"><h2>Plots</h2><div id="plot-list"></div></section>
+<section id="diagnostics"><h2>Training diagnostics</h2><div id="diagnostics-table"></div>
+<h3>Per-family held-out success before → after each stage</h3>
+<div id="diagnostics-family-table"></div></section>
 <section id="families"><h2>Per-family results</h2><div id="family-table"></div></section>
 <section id="stages"><h2>Stage details</h2><details id="stage-details"><summary>status,
 times, inputs, errors, what the report read, selected training numbers</summary>

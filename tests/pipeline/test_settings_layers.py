@@ -51,6 +51,18 @@ def test_each_value_names_the_layer_that_set_it(tmp_path):
         < rsr1.layers.index("--config.stages.rsr1") < rsr1.layers.index("graph: input handoff")
 
 
+def test_the_tiny_models_tokenizer_reaches_every_stage_and_the_evaluation(tmp_path):
+    """--config.model_dims.tokenizer=bpe (issue 51) sets model.tokenizer of every stage and of
+    the evaluation config; unset, every stage keeps its file's default, byte."""
+    p = _pipeline(tmp_path / "a", model_dims__tokenizer="bpe")
+    assert {p.stage_config(n).model.tokenizer for n in p.order} == {"bpe"}
+    assert p.resolved_stage("rsr1").set_by["model.tokenizer"] == "--config.model_dims"
+    assert p.eval_base_config().model.tokenizer == "bpe"
+    p = _pipeline(tmp_path / "b")
+    assert {p.stage_config(n).model.tokenizer for n in p.order} == {"byte"}
+    assert p.eval_base_config().model.tokenizer == "byte"
+
+
 def test_the_users_shared_settings_win_over_the_scales_per_experiment_ones(tmp_path):
     """The default scale sets tasks.n_per_family per experiment; the user's
     --config.tasks.n_per_family used to be dropped without a word under it."""

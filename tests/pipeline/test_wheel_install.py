@@ -46,6 +46,14 @@ print(json.dumps({"package": terminal_rsi.__file__, "files": files, "order": p.o
                   "hashes": {n: p.config_hash(n) for n in p.order}}))
 """
 
+# The tiny model's BPE vocabulary (model.tokenizer = "bpe") is package data (MANIFEST.in).
+BPE_CHILD = r"""
+import json, sys
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not getattr(f, "__module__", "").startswith("__editable__")]
+from terminal_rsi.models.bpe import TINY_BPE_PATH, tiny_bpe
+print(json.dumps({"path": TINY_BPE_PATH, "vocab_size": tiny_bpe().vocab_size}))
+"""
 
 def _run(cmd, cwd, timeout=120):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -114,3 +122,10 @@ def test_the_installed_command_finds_the_packaged_config(venv):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "config.tasks.backend = 'bogus' is not allowed" in proc.stderr
     assert not (work / "configs").exists()
+
+
+def test_the_installed_package_carries_the_bpe_vocabulary(venv):
+    pytest.importorskip("tokenizers")
+    env_dir, work = venv
+    out = json.loads(_ok(_run([env_dir / "bin" / "python", "-c", BPE_CHILD], work)).stdout)
+    assert out["path"].startswith(str(env_dir / "lib")) and out["vocab_size"] == 1024

@@ -184,6 +184,19 @@ def _validation(decision, score, source, source_score, chosen, reason, **extra):
             "per_family": {"create_file": 1.0, "hint_lookup": score}, **extra}
 
 
+# the ledger's training diagnostics (terminal_rsi.pipeline.diagnostics) of the two done stages
+BASE_DIAGNOSTICS = {"mean/actor/grad_norm": 0.8, "per_family": {
+    "heldout_instances": {"hint_lookup": {"before": None, "after": 0.25}}}}
+RPR_DIAGNOSTICS = {
+    "mean/turns": 2.5, "joint_steps": 2, "mean/actor/clip_frac": 0.05,
+    "last/actor/clip_frac": 0.125, "mean/actor/approx_kl": 2e-4, "last/actor/approx_kl": 3e-4,
+    "mean/actor/grad_norm": 1.25, "mean/critic/grad_norm": 4.0,
+    "mean/value_ev_pre_update": 0.2, "last/value_ev_pre_update": 0.3,
+    "policy_movement": 0.0625, "probe_sequences": 4, "probe_tokens": 40,
+    "per_family": {"heldout_instances": {"hint_lookup": {"before": 0.25, "after": 0.5},
+                                         "fix_script": {"before": 1.0, "after": None}}}}
+
+
 def _stages(eval_suite: dict) -> list[dict]:
     """The ledger's stages: base_sft and rpr1_fdr done (with validation records and
     eval_wall_s), rpr2_spr failed, final_eval pending (neither has the newer keys)."""
@@ -196,7 +209,7 @@ def _stages(eval_suite: dict) -> list[dict]:
          "inputs": {}, "outputs": {"export": "base_sft/export"}, "config_hash": "ab" * 32,
          "started": "2026-11-30T01:00:00Z", "finished": "2026-11-30T01:10:00Z",
          "wall_s": 600.0, "train": {"loss": 0.4}, "eval": {"heldout_instances": base_eval},
-         "eval_wall_s": 30.0, "error": None,
+         "eval_wall_s": 30.0, "error": None, "diagnostics": BASE_DIAGNOSTICS,
          "validation": _validation("base", 0.5, None, None, "base_sft",
                                    "the base: validation Mean@1 0.500", wall_s=12.0)},
         {"name": "rpr1_fdr", "experiment": "rpr_phase", "status": "done", "dir": "rpr1_fdr",
@@ -207,7 +220,7 @@ def _stages(eval_suite: dict) -> list[dict]:
                    "raw_counter": 7},
          "eval": {"heldout_instances": {**eval_suite, "explained_variance": 0.42},
                   "heldout_families": families},
-         "eval_wall_s": 45.0, "error": None,
+         "eval_wall_s": 45.0, "error": None, "diagnostics": RPR_DIAGNOSTICS,
          "validation": _validation("input", 0.25, "base_sft", 0.5, "base_sft", REJECTED,
                                    wall_s=20.0,
                                    trajectories="rpr1_fdr/validation/validation.jsonl")},

@@ -78,6 +78,7 @@ def test_report_in_chromium(chromium, real_run, built_report, tmp_path):
         assert page.evaluate("[...document.images].length") == 3
         assert page.wait_for("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
         assert page.evaluate("document.querySelectorAll('#family-stats tbody tr').length") > 3
+        _check_diagnostics(page)
 
         select("stage", "base_sft")
         assert count() == rows() == 2
@@ -163,7 +164,7 @@ def _check_headline(page):
     then the progression plot; the notes and the folded stage record come after."""
     assert page.evaluate("document.querySelector('section').id") == "headline"
     assert page.evaluate("[...document.querySelectorAll('section')].map(s => s.id)") == [
-        "headline", "notes", "plots", "families", "stages", "browser"]
+        "headline", "notes", "plots", "diagnostics", "families", "stages", "browser"]
     cells = page.evaluate("[...document.querySelectorAll('#headline-stages tbody tr')]"
                           ".map(r => [...r.cells].map(c => c.textContent))")
     assert [c[0] for c in cells] == ["base_sft", "rpr1_fdr", "rpr2_spr", "final_eval"]
@@ -183,6 +184,30 @@ def _check_headline(page):
     assert len(notes) == 1 and "absent.png" in notes[0]
     assert page.evaluate("document.getElementById('stage-details').open") is False
     assert page.evaluate("document.querySelectorAll('#train-numbers tbody tr').length") == 4
+
+
+def _check_diagnostics(page):
+    """The training diagnostics table: a row per stage with diagnostics, a column each (the
+    fixture's numbers as the page prints them), and per-family before → after."""
+    head = page.evaluate("[...document.querySelectorAll('#diagnostics-stages thead th')]"
+                         ".map(c => c.textContent)")
+    assert head[0] == "stage" and "policy movement |Δ log π|" in head
+    assert "clip frac (mean)" in head and "approx KL (last)" in head
+    rows = page.evaluate("[...document.querySelectorAll('#diagnostics-stages tbody tr')]"
+                         ".map(r => [...r.cells].map(c => c.textContent))")
+    assert [r[0] for r in rows] == ["base_sft", "rpr1_fdr"]
+    cell = dict(zip(head, rows[1], strict=True))
+    assert (cell["turns / episode"], cell["joint steps"], cell["clip frac (last)"]) == (
+        "2.500", "2", "0.125")
+    assert (cell["approx KL (mean)"], cell["policy movement |Δ log π|"]) == ("2.00e-4", "0.063")
+    assert (cell["critic EV, batch (last)"], cell["critic EV, eval"]) == ("0.300", "0.420")
+    assert dict(zip(head, rows[0], strict=True))["clip frac (mean)"] == "–"
+    fams = page.evaluate("[...document.querySelectorAll('#diagnostics-families tbody tr')]"
+                         ".map(r => [...r.cells].map(c => c.textContent))")
+    assert fams == [["base_sft", "heldout_instances", "hint_lookup", "–", "25.0", "–"],
+                    ["rpr1_fdr", "heldout_instances", "fix_script", "100.0", "–", "–"],
+                    ["rpr1_fdr", "heldout_instances", "hint_lookup", "25.0", "50.0",
+                     "+25.0"]]
 
 
 def test_old_ledger_and_folded_notes_in_chromium(chromium, real_run, tmp_path):

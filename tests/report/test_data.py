@@ -137,6 +137,11 @@ def test_token_texts():
     assert D.decode(None, [5, 6]) == "5 6"
     tok, desc = D.load_tokenizer("qwen3_27b_class", {})
     assert tok is None and "ids" in desc
+    # the tiny preset decodes with the tokenizer its stage ran with
+    tok, desc = D.load_tokenizer("tiny", {"model": {"tokenizer": "bpe"}})
+    assert desc.startswith("BPETokenizer") and tok.decode(tok.encode("grep -c ERROR")) == (
+        "grep -c ERROR") and len(tok.encode("grep -c ERROR")) < len("grep -c ERROR")
+    assert D.load_tokenizer("tiny", {"model": {"tokenizer": "byte"}})[1] == "ByteTokenizer"
 
 
 def test_report_contents(real_run, built_report):

@@ -10,7 +10,7 @@ import pytest
 from terminal_rsi.report import ReportOptions, build_report
 from terminal_rsi.report import data as D
 
-from .fixture_run import REJECTED
+from .fixture_run import BASE_DIAGNOSTICS, REJECTED, RPR_DIAGNOSTICS
 
 pytestmark = pytest.mark.xdist_group("report")
 
@@ -53,7 +53,7 @@ def test_headline_rows(real_run, built_report):
 def test_headline_opens_the_page(built_report):
     html = built_report.read_text()
     order = [html.index(f'<section id="{x}"') for x in
-             ("headline", "notes", "plots", "families", "stages", "browser")]
+             ("headline", "notes", "plots", "diagnostics", "families", "stages", "browser")]
     assert order == sorted(order)
     assert html.index('id="headline-plot"') < html.index('id="notes"')
     assert '<details id="stage-details">' in html  # the raw stage record is folded
@@ -65,6 +65,33 @@ def test_training_numbers_are_selected(built_report):
         "loss", "reward_binary", "explained_variance", "final/actor/kl_ref"]
     assert page["train_numbers"][0]["values"] == {"base_sft": 0.4}
     assert page["stages"][1]["train"]["raw_counter"] == 7  # all numbers stay, folded
+
+
+def test_diagnostics_table(built_report):
+    """One row per stage with diagnostics, the ledger's numbers under DIAGNOSTIC_COLUMNS (the
+    eval EV read from the stage's eval); per-family success before and after each stage."""
+    diag = _page(built_report)["diagnostics"]
+    keys = [c["key"] for c in diag["columns"]]
+    assert keys == [k for k, _ in D.DIAGNOSTIC_COLUMNS] and "policy_movement" in keys
+    base, rpr1 = diag["rows"]  # the failed and the pending stage have none
+    assert (base["stage"], rpr1["stage"]) == ("base_sft", "rpr1_fdr")
+    assert rpr1["values"] == {**{k: RPR_DIAGNOSTICS.get(k) for k in keys},
+                              "eval/explained_variance": 0.42}
+    assert base["values"]["mean/actor/grad_norm"] == BASE_DIAGNOSTICS["mean/actor/grad_norm"]
+    assert base["values"]["eval/explained_variance"] == 0.0
+    assert {k for k, v in base["values"].items() if v is not None} == {
+        "mean/actor/grad_norm", "eval/explained_variance"}
+    assert diag["families"] == [
+        {"stage": "base_sft", "suite": "heldout_instances", "family": "hint_lookup",
+         "before": None, "after": 0.25, "change": None},
+        {"stage": "rpr1_fdr", "suite": "heldout_instances", "family": "fix_script",
+         "before": 1.0, "after": None, "change": None},
+        {"stage": "rpr1_fdr", "suite": "heldout_instances", "family": "hint_lookup",
+         "before": 0.25, "after": 0.5, "change": 0.25}]
+    html = built_report.read_text()
+    assert html.index('<section id="plots"') < html.index('<section id="diagnostics"') < \
+        html.index('<section id="families"')
+    assert 'id="diagnostics-table"' in html and 'id="diagnostics-family-table"' in html
 
 
 def test_notes_are_grouped(real_run, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 import types
 
 import pytest
@@ -206,6 +207,57 @@ def test_fix_script_runs_the_original_check():
     names = {t["name"]: t["status"] for t in r.ctrf["results"]["tests"]}
     assert names["check.sh passes"] == "failed"
     assert names["hygiene::inputs_unchanged"] == "failed"
+
+
+# look, act, check: each later turn copies a value only the turn before it showed
+CHAIN_FAMILIES = ("value_relay", "service_query", "find_then_fix", "count_then_report")
+
+
+@pytest.mark.parametrize("family", CHAIN_FAMILIES)
+def test_chain_families_need_three_turns(family):
+    """Every hidden value first appears in the reference's commands at turn k (2 or 3, both
+    taken) and in the output of turn k - 1, never in an earlier turn's output: the third
+    turn needs what the second turn's action showed. Observations fit the tiny harness
+    (300 characters)."""
+    from terminal_rsi.agent.actions import Command, format_observation
+
+    for seed in range(4):
+        task = make_task(family, seed)
+        hidden = hidden_values(task)
+        assert FAMILIES[family].turns == len(task.solution) == 3
+        outputs = []
+        with open_task_sandbox(task, BACKEND) as sb:
+            for turn in task.solution:
+                res = [(Command(c), sb.exec(c, timeout=30)) for c in turn]
+                assert len(format_observation(res, max_chars=10**6)) < 300, (seed, res)
+                outputs.append(" ".join(r.stdout + r.stderr for _, r in res))
+
+        def has(v, text):  # as a whole word: "4" is not in "340"
+            return re.search(rf"(?<!\w){re.escape(v)}(?!\w)", text) is not None
+
+        used = {v: min(i for i, t in enumerate(task.solution) if any(has(v, c) for c in t))
+                for v in hidden}
+        assert sorted(set(used.values())) == [1, 2], (seed, used)
+        for v, k in used.items():
+            assert has(v, outputs[k - 1]), (seed, v, outputs)
+            assert not any(has(v, o) for o in outputs[:k - 1]), (seed, v, outputs)
+
+
+def test_find_then_fix_runs_the_original_check():
+    """check.sh rewritten to print 'all ok' does not pass (nor hygiene); deleting the files
+    it names passes the original check.sh but not the fixed-file checks."""
+    task = make_task("find_then_fix", 2)
+    with open_task_sandbox(task, BACKEND) as sb:
+        sb.exec("printf '#!/bin/sh\\necho all ok\\n' > check.sh; sh check.sh > ok.txt")
+        r = verify(task, sb, backend=BACKEND)
+    assert r.S == 0 and r.P == 0, r.ctrf
+    names = {t["name"]: t["status"] for t in r.ctrf["results"]["tests"]}
+    assert names["check.sh passes"] == "failed"
+    assert names["hygiene::inputs_unchanged"] == "failed"
+    with open_task_sandbox(task, BACKEND) as sb:
+        sb.exec("rm " + " ".join(hidden_values(task)) + "; sh check.sh > ok.txt")
+        r = verify(task, sb, backend=BACKEND)
+    assert (r.S, r.P, r.N) == (0, 2, 4), r.ctrf
 
 
 def test_tasks_pickle_and_still_verify():

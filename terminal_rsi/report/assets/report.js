@@ -191,6 +191,32 @@
         el("figcaption", { text: `${p.name} — ${p.source}` })));
     }
   }
+  function signed(x, d) {  // a change: its sign always shown
+    return typeof x === "number" ? (x > 0 ? "+" : "") + x.toFixed(d) : "–";
+  }
+  function renderDiagnostics() {  // per stage one row of diagnostics; per family before → after
+    const D = R.diagnostics || { columns: [], rows: [], families: [] };
+    const box = document.getElementById("diagnostics-table");
+    if (!D.rows.length) {
+      box.appendChild(el("p", { text: "No training diagnostics in the ledger." }));
+    } else {
+      box.appendChild(table(["stage", ...D.columns.map((c) => c.title)], D.rows.map((r) =>
+        el("tr", { dataset: { stage: r.stage } }, td(r.stage),
+          ...D.columns.map((c) => el("td", { class: "num", dataset: { key: c.key },
+            text: num(r.values[c.key]) })))), { id: "diagnostics-stages" }));
+    }
+    const fbox = document.getElementById("diagnostics-family-table");
+    if (!D.families.length) {
+      fbox.appendChild(el("p", { text: "No per-family results before and after a stage." }));
+      return;
+    }
+    const change = (f) => signed(f.change === null ? null : 100 * f.change, 1);
+    const rows = D.families.map((f) => el("tr", { dataset: { stage: f.stage } },
+      td(f.stage), td(f.suite), td(f.family), td(pct(f.before), "num"),
+      td(pct(f.after), "num"), td(change(f), "num")));
+    fbox.appendChild(table(["stage", "suite", "family", "before (%)", "after (%)",
+      "change (points)"], rows, { id: "diagnostics-families" }));
+  }
   function renderFamilies() {
     const rows = R.families.map((f) => el("tr", {}, td(f.stage), td(f.source), td(f.family),
       td(f.n), td(f.success), td(f.mean_p_over_n), td(f.fdr), td(f.spr)));
@@ -471,6 +497,7 @@
     renderNotes();
     renderPlots();
     renderStages();
+    renderDiagnostics();
     renderFamilies();
     renderFilters();
     renderList();

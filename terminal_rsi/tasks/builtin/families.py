@@ -701,6 +701,214 @@ def gen_env_repair(rng: random.Random) -> Instance:
     )
 
 
+# ----------------------------------------------------------------------------- look, act, check
+# Three-turn families whose every later turn copies a value (a word or a number) that only
+# the previous turn's output showed: look, act on what was seen, then act on what acting
+# showed. Values are short and observations stay under ~200 characters, for a tiny model.
+
+# 21 value_relay (3 turns): probe.sh prints a setting; app.sh, once app.conf has it, prints
+# a token.
+
+_RELAY_KEYS = {"port": (1024, 9999), "workers": (2, 64), "timeout": (10, 600),
+               "limit": (100, 999)}
+_TOKENS = ("lark", "moss", "pine", "reef", "sage", "teal", "wren", "yarn", "fern", "kiwi",
+           "opal", "plum")
+
+
+def gen_value_relay(rng: random.Random) -> Instance:
+    key = rng.choice(sorted(_RELAY_KEYS))
+    value = rng.randint(*_RELAY_KEYS[key])
+    old = rng.choice([o for o in range(1, 10) if o != value])
+    base = rng.randint(1, value - 1)
+    tokens = pick(rng, _TOKENS, 8)
+    token = tokens[value % 8]
+    other = ["# app settings", "host=local", f"mode={rng.choice(['fast', 'safe'])}"]
+    conf = [*other[:2], f"{key}={old}", other[2]]
+    probe = f'#!/bin/sh\necho "{key}=$(({base} + {value - base}))"\n'
+    app = ("#!/bin/sh\nwant=$(sh probe.sh | cut -d= -f2)\n"
+           f"got=$(sed -n 's/^{key}=//p' app.conf)\n"
+           'if [ "$got" != "$want" ]; then\n'
+           f'  echo "error: {key}=$got in app.conf is not what probe.sh prints" >&2; exit 1\n'
+           f"fi\nset -- {' '.join(tokens)}\nshift $((got % 8))\n"
+           f'echo "app up with {key}=$got, token $1"\n')
+
+    def checks(s, run):
+        got = lines(s, "app.conf") or []
+        mine = [ln for ln in got if ln.startswith(f"{key}=")]
+        rest = [ln for ln in got if not ln.startswith(f"{key}=")]
+        return [
+            check(f"app.conf sets {key} to probe.sh's value", mine == [f"{key}={value}"]),
+            check("other lines of app.conf kept", rest == other),
+            check("token.txt has app.sh's token", text_eq(s, "token.txt", token)),
+        ]
+
+    fix = f"sed -i 's/^{key}=.*/{key}={value}/' app.conf"
+    return Instance(
+        instruction="sh probe.sh prints the setting app.conf needs. Put it in app.conf "
+                    "(replace the old value), then run sh app.sh and write the token it "
+                    "prints to token.txt.",
+        files={"probe.sh": probe.encode(), "app.sh": app.encode(),
+               "app.conf": join_lines(conf)},
+        solution=[["sh probe.sh"], [fix, "sh app.sh"], [f"echo {token} > token.txt"]],
+        partial=[fix],
+        checks=checks,
+        outputs=("token.txt",),
+        mutable=("app.conf",),
+        hidden=(str(value), token),
+        variant=key,
+    )
+
+
+# 22 service_query (3 turns): start.sh prints a session id; query.sh answers only with it.
+
+_CITIES = ("oslo", "lima", "rome", "kyiv", "baku", "nice", "riga", "bern")
+
+
+def gen_service_query(rng: random.Random) -> Instance:
+    cities = pick(rng, _CITIES, 5)
+    city = cities[0]
+    temps = {c: rng.randint(0, 39) for c in cities}
+    session = rng.randint(100, 999)
+    base = rng.randint(1, session - 1)
+    answer = (temps[city] + session) % 40
+    start = ("#!/bin/sh\nmkdir -p state\n"
+             f"echo $(({base} + {session - base})) > state/session\n"
+             'echo "service started, session $(cat state/session)"\n')
+    table = " ".join(f"{c}) t={t};;" for c, t in sorted(temps.items()))
+    query = ("#!/bin/sh\n"
+             "if [ ! -f state/session ]; then\n"
+             '  echo "error: service not started (sh start.sh)" >&2; exit 1\nfi\n'
+             'if [ "$1" != "$(cat state/session)" ]; then\n'
+             '  echo "error: wrong session $1; usage: sh query.sh SESSION CITY" >&2; exit 1\n'
+             "fi\n"
+             f'case "$2" in {table} *) echo "error: no city $2" >&2; exit 1;; esac\n'
+             'echo "$1 $2" >> state/log\n'
+             'echo "temperature in $2: $(( (t + $1) % 40 ))"\n')
+
+    def checks(s, run):
+        return [
+            check("the service was started", text_eq(s, "state/session", str(session))),
+            check(f"the service was asked about {city}",
+                  f"{session} {city}" in (lines(s, "state/log") or [])),
+            check(f"temp.txt has the service's answer for {city}",
+                  text_eq(s, "temp.txt", str(answer))),
+        ]
+
+    return Instance(
+        instruction=f"sh start.sh starts a weather service and prints its session id. Ask "
+                    f"it for {city} with sh query.sh SESSION {city} and write the number it "
+                    "answers to temp.txt.",
+        files={"start.sh": start.encode(), "query.sh": query.encode()},
+        solution=[["sh start.sh"], [f"sh query.sh {session} {city}"],
+                  [f"echo {answer} > temp.txt"]],
+        partial=["sh start.sh"],
+        checks=checks,
+        outputs=("state/", "temp.txt"),
+        hidden=(str(session), str(answer)),
+    )
+
+
+# 23 find_then_fix (3 turns): check.sh names one bad file of conf/ at a time.
+
+_NUM_KEYS = ("size", "count", "limit", "workers")
+_BAD = ("big", "many", "auto", "lots", "high", "none")
+
+
+def gen_find_then_fix(rng: random.Random) -> Instance:
+    key = rng.choice(_NUM_KEYS)
+    names = sorted(pick(rng, WORDS, rng.randint(4, 5)))
+    broken = sorted(rng.sample(names, 2))  # check.sh reports them in glob (sorted) order
+    bad = dict(zip(broken, pick(rng, _BAD, 2), strict=True))
+    modes = {n: rng.choice(["fast", "safe"]) for n in names}
+
+    def body(n, v):
+        return f"name={n}\n{key}={v}\nmode={modes[n]}\n"
+
+    files = {f"conf/{n}.cfg": body(n, bad.get(n, rng.randint(1, 99))).encode() for n in names}
+    check_sh = ("#!/bin/sh\nfor f in conf/*.cfg; do\n"
+                f"  v=$(sed -n 's/^{key}=//p' \"$f\")\n"
+                f'  case "$v" in ""|*[!0-9]*) echo "error: $f: {key}=$v is not a number" >&2;'
+                " exit 1;; esac\ndone\necho \"all ok\"\n")
+    files["check.sh"] = check_sh.encode()
+
+    def fixed(s, n):
+        got = lines(s, f"conf/{n}.cfg") or []
+        vals = [ln.split("=", 1)[1] for ln in got if ln.startswith(f"{key}=")]
+        rest = [ln for ln in got if not ln.startswith(f"{key}=")]
+        return (len(vals) == 1 and vals[0].isascii() and vals[0].isdigit()
+                and rest == [f"name={n}", f"mode={modes[n]}"])
+
+    def checks(s, run):
+        r = run(f"sh -c {sh_quote(check_sh)}", timeout=20)
+        passes = r.exit_code == 0 and r.stdout.strip() == "all ok"
+        return [
+            *(check(f"conf/{n}.cfg has a number for {key}", fixed(s, n)) for n in broken),
+            check("check.sh passes", passes,
+                  f"exit {r.exit_code}: {(r.stdout + r.stderr).strip()[-200:]!r}"),
+            check("ok.txt has check.sh's output", passes and text_eq(s, "ok.txt", "all ok")),
+        ]
+
+    fix = [f"sed -i 's/{key}={bad[n]}/{key}=10/' conf/{n}.cfg" for n in broken]
+    return Instance(
+        instruction="sh check.sh fails: some files in conf/ have a bad value. Fix each file "
+                    "it names (the value must be a number) until it prints 'all ok', then "
+                    "save its output to ok.txt.",
+        files=files,
+        solution=[["sh check.sh"], [fix[0], "sh check.sh"], [fix[1], "sh check.sh > ok.txt"]],
+        partial=[fix[0]],
+        checks=checks,
+        outputs=("ok.txt",),
+        mutable=tuple(f"conf/{n}.cfg" for n in broken),
+        hidden=tuple(f"conf/{n}.cfg" for n in broken),
+        variant=key,
+    )
+
+
+# 24 count_then_report (3 turns): the log with the most ERROR lines, then what its errors
+# name.
+
+_CAUSES = ("disk", "auth", "dns", "cpu", "quota", "mem", "cache")
+
+
+def gen_count_then_report(rng: random.Random) -> Instance:
+    names = pick(rng, WORDS, rng.randint(4, 5))
+    worst = rng.choice(names)
+    top = rng.randint(4, 6)
+    cause, *others = pick(rng, _CAUSES, 4)
+    files = {}
+    for n in names:
+        k = top if n == worst else rng.randint(0, top - 1)
+        rows = [f"ERROR {cause if n == worst else rng.choice(others)} failed" for _ in range(k)]
+        rows += [rng.choice([f"INFO job {rng.randint(1, 99)} done",
+                             f"WARN slow {rng.randint(1, 9)}s"])
+                 for _ in range(rng.randint(2, 5))]
+        rng.shuffle(rows)
+        files[f"logs/{n}.log"] = join_lines(rows)
+
+    def checks(s, run):
+        got = (s.text("worst.txt") or "").split()
+        return [
+            check("worst.txt names the log with the most ERROR lines",
+                  got[:1] in ([f"{worst}.log"], [f"logs/{worst}.log"])),
+            check("worst.txt has its ERROR count", len(got) == 2 and got[1] == str(top)),
+            check("cause.txt has the word after its ERRORs", text_eq(s, "cause.txt", cause)),
+        ]
+
+    return Instance(
+        instruction="Find the log in logs/ with the most ERROR lines. Write its file name "
+                    "and its ERROR count, as NAME COUNT, to worst.txt, then the word after "
+                    "ERROR on its lines to cause.txt.",
+        files=files,
+        solution=[["grep -c ERROR logs/*.log"],
+                  [f"echo {worst}.log {top} > worst.txt", f"grep ERROR logs/{worst}.log"],
+                  [f"echo {cause} > cause.txt"]],
+        partial=[f"echo {worst}.log {top} > worst.txt"],
+        checks=checks,
+        outputs=("worst.txt", "cause.txt"),
+        hidden=(f"{worst}.log", cause),
+    )
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("create_file", "file creation", "easy", 1, (1, 1), gen_create_file),
     Family("edit_replace", "file editing (sed)", "easy", 1, (3, 3), gen_edit_replace),
@@ -722,4 +930,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("dir_hunt", "search then act", "medium", 2, (3, 3), gen_dir_hunt),
     Family("fix_script", "repair a broken script", "hard", 3, (4, 5), gen_fix_script),
     Family("env_repair", "repair from error messages", "hard", 3, (3, 3), gen_env_repair),
+    Family("value_relay", "copy a command's output into a config", "medium", 3, (3, 3),
+           gen_value_relay),
+    Family("service_query", "start a service, then query it", "easy", 3, (3, 3),
+           gen_service_query),
+    Family("find_then_fix", "fix the files an error names", "hard", 3, (4, 4),
+           gen_find_then_fix),
+    Family("count_then_report", "count, look closer, report", "medium", 3, (3, 3),
+           gen_count_then_report),
 )
