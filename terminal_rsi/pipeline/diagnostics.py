@@ -37,7 +37,6 @@ generated tokens is kept, verified or not.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Mapping, Sequence
 
@@ -50,6 +49,7 @@ from terminal_rsi.evaluation.movement import probe_movement
 from terminal_rsi.models.loading import load_model
 from terminal_rsi.rsr.common import demo_policy
 from terminal_rsi.runtime import multihost
+from terminal_rsi.runtime.atomic import read_json_lines
 
 PROBE_PER_FAMILY = 2
 PROBE_SIZE = 32
@@ -115,17 +115,9 @@ def shard_turns(stage_dir: str, names: Sequence[str]) -> dict:
     return {"mean/turns": episode_turns(every), **out} if every else out
 
 
-def read_rows(path: str) -> list[dict]:
-    """The rows of a `metrics.jsonl` ([] when it does not exist)."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(x) for x in f if x.strip()]
-
-
 def training_diagnostics(stage_dir: str, experiment: str) -> dict:
     """The diagnostics of a finished stage read from its workdir (module doc)."""
-    rows = read_rows(os.path.join(stage_dir, "metrics.jsonl"))
+    rows = read_json_lines(os.path.join(stage_dir, "metrics.jsonl"))
     if experiment == "rpr_phase":
         return rpr_diagnostics(rows)
     return {**sft_diagnostics(rows), **shard_turns(stage_dir, EPISODE_SHARDS.get(experiment, ()))}

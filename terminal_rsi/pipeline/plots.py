@@ -14,20 +14,14 @@ matplotlib is imported here only (Agg backend).
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
+from terminal_rsi.runtime.atomic import read_json_lines
+
 TRAIN_KEYS = ("reward_binary", "reward_dense", "turns", "eval/success")
 FALLBACK_KEYS = ("loss", "nll", "train/loss", "sft/loss", "accuracy", "token_accuracy")
-
-
-def _rows(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(x) for x in f if x.strip()]
 
 
 def causal_mean(x: np.ndarray, window: int = 5) -> np.ndarray:
@@ -71,7 +65,7 @@ def make_all(run_dir: str, ledger: dict) -> list[str]:
     stages = ledger.get("stages", [])
     ev_stages = [s for s in stages if s.get("eval") and any(
         isinstance(e, dict) and e.get("mean_at_k") is not None for e in s["eval"].values())]
-    trained = [(s["name"], _rows(os.path.join(run_dir, s["dir"], "metrics.jsonl")))
+    trained = [(s["name"], read_json_lines(os.path.join(run_dir, s["dir"], "metrics.jsonl")))
                for s in stages if s.get("status") == "done"]
     # rows without a numeric series (an RSR stage whose Q_clean was empty logs only
     # "skipped") get no row of their own

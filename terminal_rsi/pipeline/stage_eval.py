@@ -18,7 +18,7 @@ from terminal_rsi.models.loading import model_config
 from terminal_rsi.models.sampling import Buckets
 from terminal_rsi.rewards import FamilyDivisors, calibrate_family_divisors
 from terminal_rsi.runtime import multihost
-from terminal_rsi.runtime.atomic import atomic_write_json
+from terminal_rsi.runtime.atomic import atomic_write_json, read_json_lines
 from terminal_rsi.tasks import get_suite
 from terminal_rsi.tasks.registry import PROCEDURAL_SUITES
 
@@ -103,11 +103,8 @@ def train_stats(stage_dir: str) -> dict:
     if os.path.exists(p):
         with open(p) as f:
             stats.update(numbers(json.load(f)))
-    p = os.path.join(stage_dir, "metrics.jsonl")
-    if os.path.exists(p):
-        with open(p) as f:
-            rows = [json.loads(x) for x in f if x.strip()]
-        if rows:
-            stats["steps"] = float(sum(1 for r in rows if "skipped" not in r))
-            stats.update(numbers(rows[-1], "final/"))
+    rows = read_json_lines(os.path.join(stage_dir, "metrics.jsonl"))
+    if rows:
+        stats["steps"] = float(sum(1 for r in rows if "skipped" not in r))
+        stats.update(numbers(rows[-1], "final/"))
     return stats

@@ -96,7 +96,7 @@ from terminal_rsi.rpr.steps import (
 )
 from terminal_rsi.runtime import multihost
 from terminal_rsi.runtime import sharding as shd
-from terminal_rsi.runtime.atomic import atomic_write_json, atomic_write_text
+from terminal_rsi.runtime.atomic import atomic_write_json, atomic_write_text, read_json_lines
 from terminal_rsi.runtime.exports import (
     candidate_steps,
     export_candidate,
@@ -177,13 +177,6 @@ def _divisors(config):
     return FamilyDivisors()
 
 
-def _read_metrics(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _write_metrics(path: str, rows: list[dict]) -> None:
     if multihost.is_writer():  # the same rows on every process
         atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
@@ -259,7 +252,7 @@ def _resume(phase: Phase, state: PhaseState, metrics_path: str,
     phase.set_divisors(FamilyDivisors.from_dict(rs.extra["divisors"]))
     phase.curriculum.load(rs.extra.get("curriculum"))
     restore_ahead(phase, state.step, rs.extra)
-    metrics = [m for m in _read_metrics(metrics_path) if m["step"] <= state.step]
+    metrics = [m for m in read_json_lines(metrics_path) if m["step"] <= state.step]
     _write_metrics(metrics_path, metrics)
     artifacts.prune_after(phase.traj_dir, state.step)
     if on_resume is not None:

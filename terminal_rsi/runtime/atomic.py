@@ -37,6 +37,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def read_json_lines(path: str | os.PathLike) -> list[Any]:
+    """The JSON values of a JSON Lines file (e.g. a stage's `metrics.jsonl`), blank lines
+    skipped; [] when the file does not exist."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
     """Serialize `obj` as strict JSON (sorted keys, no NaN/inf, trailing newline), atomically."""
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n")
